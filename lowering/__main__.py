@@ -1,0 +1,5 @@
+import sys
+
+from lowering.cli import main
+
+sys.exit(main())

@@ -1,0 +1,20 @@
+"""Op definitions parsed from specification documents: schema model, parsers, registry, verification."""
+
+from opdef.binding import Binding
+from opdef.errors import (
+    LoweringError,
+    ModelError,
+    OplowerError,
+    RuntimeFailure,
+    SpecError,
+    VerificationError,
+)
+from opdef.parse import detect_dialect, parse_spec, parse_spec_text
+from opdef.registry import Registry, load_schemas
+from opdef.schema import Argument, Attribute, Constraint, OpSchema, TypeRule
+
+__all__ = [
+    "Argument", "Attribute", "Binding", "Constraint", "LoweringError", "ModelError", "OpSchema",
+    "OplowerError", "Registry", "RuntimeFailure", "SpecError", "TypeRule", "VerificationError",
+    "detect_dialect", "load_schemas", "parse_spec", "parse_spec_text",
+]

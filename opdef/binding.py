@@ -1,0 +1,102 @@
+"""Binding data: how one dialect's op maps onto a canonical lowering rule.
+
+Read from ``specs/bindings.json``. The spec document says what the op's arguments *are*; the binding
+says which canonical role each plays (DESIGN.md section 4), where the channel axis is and which
+statistics mode applies. It is data, validated here, never Python literals elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from opdef.errors import SpecError
+
+LAYOUTS = ("data_format", "channel_first", "stats_broadcast")
+STATISTICS = ("batch", "frozen")
+STAT_INPUTS = ("variance", "inv_std")
+
+
+@dataclass(frozen=True)
+class Binding:
+    spec: str  # path of the spec document, relative to the specs directory
+    domain: str
+    op_type: str
+    rule: str  # lowering/verification rule key, e.g. "batch_norm_backward"
+    dialect: str | None = None  # None: detected from the document's content
+    roles: tuple[tuple[str, str], ...] = ()  # (canonical role, the spec's argument/attribute name)
+    layout: str = "channel_first"
+    layout_attribute: str | None = None  # for layout == "data_format"
+    statistics: str = "batch"
+    stat_input: str = "variance"
+    # Rank range used where the spec is silent (inclusive); None = no limit from the binding.
+    min_rank: int | None = None
+    max_rank: int | None = None
+    options: tuple[tuple[str, Any], ...] = ()  # rule-specific extras
+
+    @property
+    def role_map(self) -> dict[str, str]:
+        return dict(self.roles)
+
+    def arg(self, role: str) -> str | None:
+        """The spec's name for a canonical role, or None when this dialect has no such argument."""
+        return self.role_map.get(role)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.domain, self.op_type)
+
+
+_FIELDS = {"spec", "domain", "op_type", "rule", "dialect", "roles", "layout", "layout_attribute",
+           "statistics", "stat_input", "min_rank", "max_rank", "options", "comment"}
+
+
+def load_bindings(path: Path) -> list[Binding]:
+    source = str(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(source, None, f"cannot read binding data: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise SpecError(source, exc.lineno, f"invalid JSON: {exc.msg}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("ops"), list):
+        raise SpecError(source, None, 'expected an object with an "ops" list')
+    out = []
+    for i, entry in enumerate(raw["ops"]):
+        where = f"ops[{i}]"
+        if not isinstance(entry, dict):
+            raise SpecError(source, None, f"{where}: expected an object")
+        unknown = set(entry) - _FIELDS
+        if unknown:
+            raise SpecError(source, None, f"{where}: unknown field(s) {sorted(unknown)}")
+        for field in ("spec", "domain", "op_type", "rule"):
+            if not isinstance(entry.get(field), str) or not entry[field]:
+                raise SpecError(source, None, f"{where}: field {field!r} must be a non-empty string")
+        layout = entry.get("layout", "channel_first")
+        if layout not in LAYOUTS:
+            raise SpecError(source, None, f"{where}: layout {layout!r} not one of {list(LAYOUTS)}")
+        if layout == "data_format" and not entry.get("layout_attribute"):
+            raise SpecError(source, None, f"{where}: layout 'data_format' needs 'layout_attribute'")
+        statistics = entry.get("statistics", "batch")
+        if statistics not in STATISTICS:
+            raise SpecError(source, None,
+                            f"{where}: statistics {statistics!r} not one of {list(STATISTICS)}")
+        stat_input = entry.get("stat_input", "variance")
+        if stat_input not in STAT_INPUTS:
+            raise SpecError(source, None, f"{where}: stat_input {stat_input!r} not one of {list(STAT_INPUTS)}")
+        roles = entry.get("roles", {})
+        if not isinstance(roles, dict) or not all(isinstance(v, str) for v in roles.values()):
+            raise SpecError(source, None, f"{where}: roles must map role names to argument names")
+        options = entry.get("options", {})
+        if not isinstance(options, dict):
+            raise SpecError(source, None, f"{where}: options must be an object")
+        out.append(Binding(
+            spec=entry["spec"], domain=entry["domain"], op_type=entry["op_type"], rule=entry["rule"],
+            dialect=entry.get("dialect"), roles=tuple(roles.items()), layout=layout,
+            layout_attribute=entry.get("layout_attribute"), statistics=statistics, stat_input=stat_input,
+            min_rank=entry.get("min_rank"), max_rank=entry.get("max_rank"),
+            options=tuple(sorted(options.items())),
+        ))
+    return out

@@ -1,0 +1,112 @@
+"""The explicit schema registry: specs/ parsed once, schemas looked up by (domain, op_type)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+from opdef.binding import Binding, load_bindings
+from opdef.errors import SpecError
+from opdef.parse import parse_spec
+from opdef.schema import OpSchema
+
+BINDINGS_FILE = "bindings.json"
+
+
+def default_spec_dir() -> Path:
+    """specs/ as installed (inside the package, as ``opdef/specs``) or, in a checkout, beside the packages."""
+    here = Path(__file__).resolve().parent
+    installed = here / "specs"
+    if (installed / BINDINGS_FILE).is_file():
+        return installed
+    return here.parent / "specs"
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    schema: OpSchema
+    binding: Binding
+
+
+class Registry:
+    """Schemas and bindings keyed by (domain, op_type). Built by :func:`load_schemas`."""
+
+    def __init__(self, entries: list[Entry], spec_dir: Path) -> None:
+        self.spec_dir = spec_dir
+        self._entries: dict[tuple[str, str], Entry] = {}
+        for entry in entries:
+            key = entry.binding.key
+            if key in self._entries:
+                raise SpecError(str(spec_dir / BINDINGS_FILE), None,
+                                f"two bindings for {key[0]}::{key[1]}")
+            self._entries[key] = entry
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._entries
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def domains(self) -> frozenset[str]:
+        return frozenset(d for d, _ in self._entries)
+
+    def get(self, domain: str, op_type: str) -> Entry | None:
+        return self._entries.get((domain, op_type))
+
+    def schema(self, domain: str, op_type: str) -> OpSchema:
+        return self._require(domain, op_type).schema
+
+    def binding(self, domain: str, op_type: str) -> Binding:
+        return self._require(domain, op_type).binding
+
+    def find(self, op_type: str) -> list[Entry]:
+        """Every entry whose op_type (or schema name) is ``op_type``, case-insensitively."""
+        want = op_type.lower()
+        return [e for e in self if e.binding.op_type.lower() == want or e.schema.name.lower() == want]
+
+    def _require(self, domain: str, op_type: str) -> Entry:
+        entry = self._entries.get((domain, op_type))
+        if entry is None:
+            known = ", ".join(f"{d}::{o}" for d, o in sorted(self._entries))
+            raise KeyError(f"no schema for {domain}::{op_type} (known: {known})")
+        return entry
+
+
+def build_registry(spec_dir: Path) -> Registry:
+    spec_dir = Path(spec_dir)
+    entries = []
+    for binding in load_bindings(spec_dir / BINDINGS_FILE):
+        path = spec_dir / binding.spec
+        schema = parse_spec(path, binding.dialect, include_dirs=(path.parent, spec_dir / "_include"))
+        if schema.name != binding.op_type:
+            raise SpecError(str(path), None, f"document defines {schema.name!r} but bindings.json binds it "
+                                             f"as {binding.op_type!r}")
+        schema = dataclasses.replace(schema, domain=binding.domain)
+        _check_roles(schema, binding, spec_dir / BINDINGS_FILE)
+        entries.append(Entry(schema, binding))
+    return Registry(entries, spec_dir)
+
+
+def _check_roles(schema: OpSchema, binding: Binding, source: Path) -> None:
+    names = {a.name for a in schema.inputs} | {a.name for a in schema.outputs} | {
+        a.name for a in schema.attributes}
+    for role, name in binding.roles:
+        if name not in names:
+            raise SpecError(str(source), None, f"{binding.domain}::{binding.op_type}: role {role!r} names "
+                                               f"{name!r}, which the spec document does not define")
+
+
+@functools.lru_cache(maxsize=8)
+def _load(spec_dir: str) -> Registry:
+    return build_registry(Path(spec_dir))
+
+
+def load_schemas(spec_dir: Path | str | None = None) -> Registry:
+    """Parse specs/ (once per directory) and return the registry."""
+    return _load(str(Path(spec_dir).resolve()) if spec_dir else str(default_spec_dir()))

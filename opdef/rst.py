@@ -45,3 +45,31 @@ def parse_rst(text: str, source: str = "<string>") -> docutils.nodes.document:
     document = docutils.utils.new_document(source, settings)
     parser.parse(text, document)
     return document
+
+
+def table_rows(table: docutils.nodes.table) -> tuple[list[list[str]], list[list[str]], int | None]:
+    """(header rows, body rows, line) of a docutils table; each cell as whitespace-folded text.
+
+    Works for grid and simple tables alike; multi-line cells are joined with single spaces. Cells
+    spanning several columns (``morecols``) are repeated so every row has one entry per column.
+    """
+
+    def rows_of(part) -> list[list[str]]:
+        out = []
+        for row in part.findall(docutils.nodes.row):
+            cells = []
+            for entry in row.findall(docutils.nodes.entry):
+                text = " ".join(entry.astext().split())
+                cells.extend([text] * (1 + int(entry.get("morecols", 0))))
+            out.append(cells)
+        return out
+
+    head = next(iter(table.findall(docutils.nodes.thead)), None)
+    body = next(iter(table.findall(docutils.nodes.tbody)), None)
+    line = table.line
+    if line is None:
+        for node in table.findall():
+            if getattr(node, "line", None):
+                line = node.line
+                break
+    return (rows_of(head) if head is not None else [], rows_of(body) if body is not None else [], line)

@@ -24,7 +24,6 @@ class NodeBuilder:
         self._is_taken = is_taken
         self._used: set[str] = set()
         self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
         self._counter = 0
 
     def fresh(self, hint: str) -> str:
@@ -50,8 +49,9 @@ class NodeBuilder:
         return self.op(op_type, inputs, [output] if output else 1, hint=hint, **attrs)[0]
 
     def const(self, value: Any, dtype: Any = None, hint: str = "const") -> str:
-        """A constant tensor, stored as an initializer of the graph being rewritten."""
+        """A constant tensor as a Constant node (valid in graphs, subgraphs and functions alike)."""
         array = np.asarray(value, dtype=dtype)
         name = self.fresh(hint)
-        self.initializers.append(numpy_helper.from_array(array, name))
+        self.nodes.append(helper.make_node("Constant", [], [name], name=self.fresh(hint + "_node"),
+                                           value=numpy_helper.from_array(array, name)))
         return name

@@ -57,6 +57,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 1
+    except MemoryError:
+        if args.debug:
+            raise
+        print(f"oplower {args.command}: error: out of memory", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a bug in oplower: still one line, the traceback on request
+        if args.debug:
+            raise
+        print(f"oplower {args.command}: internal error: {type(exc).__name__}: {_one_line(exc)} "
+              "(run with --debug for the traceback and please report it)", file=sys.stderr)
+        return 1
 
 
 def _one_line(exc: BaseException) -> str:

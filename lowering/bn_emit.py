@@ -1,0 +1,200 @@
+"""Emit batch-norm training backward as standard ONNX ops (DESIGN.md section 4 math, section 5 rules).
+
+``emit_batch_norm_backward(b, plan)`` is the one entry point; the plan says everything the emitter needs
+(value names, layout, types, statistics kind) so the function never looks at a graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto
+
+from lowering.builder import NodeBuilder
+from opdef.errors import LoweringError
+
+_LOW_PRECISION = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+_NP_OF = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64}
+
+
+@dataclass(frozen=True)
+class BatchNormBackwardPlan:
+    src: str
+    diff_dst: str
+    mean: str
+    stat: str
+    gamma: str | None
+    diff_src: str | None  # None = not requested: not computed
+    diff_gamma: str | None
+    diff_beta: str | None
+    rank: int | None  # None = unknown rank
+    channel_axis: int | None  # non-negative when the rank is known; None for NXC of unknown rank
+    reduce_axes: tuple[int, ...] | None  # axes the sums run over; None = every axis but channel_axis
+    stats_keep_rank: bool  # DirectML: stats and parameter gradients have src's rank, 1 on reduced axes
+    statistics: str  # "batch" | "frozen"
+    stat_input: str  # "variance" | "inv_std"
+    epsilon: float
+    io_type: int  # TensorProto elem type of src, diff_dst, diff_src (T1)
+    stat_type: int  # elem type of mean, stat, gamma, diff_gamma, diff_beta (T2)
+    src_shape: tuple | None = None  # static dims (int | str | None) for choosing formulations
+    channel_last: bool = False  # layout hint when the rank is unknown (NXC)
+
+
+def compute_type(io_type: int) -> int:
+    """f16/bf16 are computed in f32 and rounded once; f32 and f64 compute in their own type."""
+    return TensorProto.DOUBLE if io_type == TensorProto.DOUBLE else TensorProto.FLOAT
+
+
+class _Emitter:
+    def __init__(self, b: NodeBuilder, plan: BatchNormBackwardPlan) -> None:
+        self.b = b
+        self.p = plan
+        self.ct = compute_type(plan.io_type)
+        self.np_ct = _NP_OF[self.ct]
+
+    # -- small helpers -------------------------------------------------------------------------
+    def scalar(self, value: float, hint: str = "c") -> str:
+        return self.b.const(np.array(value, dtype=self.np_ct), hint=hint)
+
+    def ints(self, values, hint: str = "shape") -> str:
+        return self.b.const(np.array(values, dtype=np.int64), hint=hint)
+
+    def cast(self, name: str, from_type: int, to_type: int, output: str | None = None) -> str:
+        if from_type == to_type:
+            return name if output is None else self.b.op1("Identity", [name], output)
+        return self.b.op1("Cast", [name], output, to=to_type)
+
+    def reduce_sum(self, x: str, axes: tuple[int, ...], keepdims: int = 1, output: str | None = None) -> str:
+        if self.b.opset < 13:
+            return self.b.op1("ReduceSum", [x], output, axes=list(axes), keepdims=keepdims)
+        return self.b.op1("ReduceSum", [x, self.ints(list(axes), "axes")], output, keepdims=keepdims)
+
+    def finish(self, op_type: str, inputs: list[str], output: str, out_type: int) -> None:
+        """The last op of a result writes the requested name, through one Cast when types differ."""
+        if out_type == self.ct:
+            self.b.op1(op_type, inputs, output)
+        else:
+            self.b.op1("Cast", [self.b.op1(op_type, inputs)], output, to=out_type)
+
+    # -- the lowering ----------------------------------------------------------------------------
+    def emit(self) -> None:
+        p, b = self.p, self.b
+        if p.statistics not in ("batch", "frozen"):
+            raise LoweringError(f"statistics must be 'batch' or 'frozen', not {p.statistics!r}")
+        if p.stat_input not in ("variance", "inv_std"):
+            raise LoweringError(f"stat_input must be 'variance' or 'inv_std', not {p.stat_input!r}")
+        wants_dx, wants_dg, wants_db = p.diff_src is not None, p.diff_gamma is not None, p.diff_beta is not None
+        if not (wants_dx or wants_dg or wants_db):
+            return
+        frozen = p.statistics == "frozen"
+
+        x = self.cast(p.src, p.io_type, self.ct)
+        dy = self.cast(p.diff_dst, p.io_type, self.ct)
+        axes, stat_shape, restore = self.view(x, dy)
+        x, dy = self.x_view, self.dy_view
+
+        def per_channel(name: str | None) -> str | None:
+            if name is None:
+                return None
+            v = self.cast(name, p.stat_type, self.ct)
+            return v if stat_shape is None else b.op1("Reshape", [v, self.ints(stat_shape)])
+
+        mean = per_channel(p.mean)
+        stat = per_channel(p.stat)
+        gamma = per_channel(p.gamma)
+        if p.stat_input == "inv_std":
+            inv = stat
+        else:
+            inv = b.op1("Reciprocal", [b.op1("Sqrt", [b.op1("Add", [stat, self.scalar(p.epsilon, "eps")])])])
+
+        need_sums = wants_dg or wants_db or (wants_dx and not frozen)
+        sum_dy = sum_dyxc = xc = None
+        if need_sums:
+            if wants_db or (wants_dx and not frozen):
+                sum_dy = self.reduce_sum(dy, axes)
+            if wants_dg or (wants_dx and not frozen):
+                xc = b.op1("Sub", [x, mean])
+                sum_dyxc = self.reduce_sum(b.op1("Mul", [dy, xc]), axes)
+        # parameter gradients: keepdims sums have the broadcast shape; outputs want the stats' shape
+        out_shape = None if p.stats_keep_rank else self.ints([-1])
+        if wants_db:
+            self.finish_param("Identity", [sum_dy], out_shape, p.diff_beta)
+        dgamma = b.op1("Mul", [inv, sum_dyxc]) if sum_dyxc is not None else None
+        if wants_dg:
+            self.finish_param("Identity", [dgamma], out_shape, p.diff_gamma)
+        if not wants_dx:
+            return
+        scale = inv if gamma is None else b.op1("Mul", [gamma, inv])
+        if frozen:
+            dx_inputs = ["Mul", [dy, scale]]
+        else:
+            inv_m = self.inv_count(x)
+            # dx = scale * (dy - sum_dy/M - xc * inv*dgamma/M)
+            mean_dy = b.op1("Mul", [sum_dy, inv_m])
+            k = b.op1("Mul", [b.op1("Mul", [inv, dgamma]), inv_m])
+            inner = b.op1("Sub", [b.op1("Sub", [dy, mean_dy]), b.op1("Mul", [xc, k])])
+            dx_inputs = ["Mul", [inner, scale]]
+        if restore is None:
+            self.finish(dx_inputs[0], dx_inputs[1], p.diff_src, p.io_type)
+        else:
+            dx = b.op1(dx_inputs[0], dx_inputs[1])
+            self.finish("Reshape", [dx, restore], p.diff_src, p.io_type)
+
+    def finish_param(self, op_type: str, inputs: list[str], out_shape: str | None, output: str) -> None:
+        if out_shape is not None:
+            op_type, inputs = "Reshape", [inputs[0], out_shape]
+        self.finish(op_type, inputs, output, self.p.stat_type)
+
+    def view(self, x: str, dy: str):
+        """Decide the reduce axes, how per-channel vectors broadcast, and how dx gets src's shape back.
+
+        Returns ``(axes, stat_shape, restore)``: the sums' axes in the viewed tensors, the Reshape target
+        for per-channel vectors (None: they already broadcast), the shape tensor to Reshape dx back with
+        (None: dx already has src's shape). Sets ``x_view`` and ``dy_view``.
+        """
+        p, b = self.p, self.b
+        self.x_view, self.dy_view = x, dy
+        if p.rank is not None:
+            ch = p.channel_axis
+            if ch is None or not 0 <= ch < p.rank:
+                raise LoweringError(f"channel axis {ch} is out of range for rank {p.rank}")
+            axes = p.reduce_axes if p.reduce_axes is not None else tuple(a for a in range(p.rank) if a != ch)
+            if p.stats_keep_rank:
+                return tuple(axes), None, None
+            return tuple(axes), [-1] + [1] * (p.rank - 1 - ch), None
+        if p.stats_keep_rank:
+            raise LoweringError("statistics that keep the input's rank need a known rank")
+        restore = b.op1("Shape", [p.src])
+        if p.channel_last or p.channel_axis is None:
+            # [..., C] -> [M, C]; C read from mean's shape
+            shape = b.op1("Concat", [self.ints([-1]), b.op1("Shape", [p.mean])], axis=0)
+            self.x_view = b.op1("Reshape", [x, shape])
+            self.dy_view = b.op1("Reshape", [dy, shape])
+            return (0,), None, restore
+        if p.channel_axis != 1:
+            raise LoweringError(f"channel axis {p.channel_axis} needs a known rank")
+        shape = self.ints([0, 0, -1])
+        self.x_view = b.op1("Reshape", [x, shape])
+        self.dy_view = b.op1("Reshape", [dy, shape])
+        return (0, 2), [-1, 1], restore
+
+    def inv_count(self, x: str) -> str:
+        """1/M, M = elements per channel: static when the dims are known, else Size(x)/Size(mean)."""
+        p, b = self.p, self.b
+        dims = p.src_shape
+        if dims is not None and p.rank is not None and len(dims) == p.rank:
+            axes = p.reduce_axes
+            if axes is None:
+                axes = tuple(a for a in range(p.rank) if a != p.channel_axis)
+            if all(isinstance(dims[a], int) for a in axes):
+                m = int(np.prod([dims[a] for a in axes], dtype=np.int64))
+                return self.scalar(1.0 / m, "inv_m")
+        mean = self.cast(p.mean, p.stat_type, self.ct)
+        count = b.op1("Div", [b.op1("Size", [x]), b.op1("Size", [mean])])
+        return b.op1("Reciprocal", [b.op1("Cast", [count], to=self.ct)])
+
+
+def emit_batch_norm_backward(b: NodeBuilder, plan: BatchNormBackwardPlan) -> None:
+    """Emit nodes into ``b`` computing the requested outputs of ``plan`` (DESIGN.md section 4)."""
+    _Emitter(b, plan).emit()

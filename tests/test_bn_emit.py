@@ -1,0 +1,180 @@
+"""The batch-norm backward emitter: tiny models around it, run by onnxruntime, against the float64 formula."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from lowering.bn_emit import BatchNormBackwardPlan, emit_batch_norm_backward
+from lowering.builder import NodeBuilder
+from runtime.reference import batch_norm_backward as reference
+from runtime.session import run_model
+
+F32, F16, BF16, F64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE
+NP = {F32: np.float32, F16: np.float16, BF16: ml_dtypes.bfloat16, F64: np.float64}
+# error bound relative to the largest magnitude of the reference output
+TOL = {F32: 2e-5, F16: 2e-3, BF16: 1.6e-2, F64: 1e-12}
+OUTPUTS = ("diff_src", "diff_gamma", "diff_beta")
+
+
+def build(plan: BatchNormBackwardPlan, opset: int, input_shape, stats_shape) -> onnx.ModelProto:
+    b = NodeBuilder(opset, "bn")
+    emit_batch_norm_backward(b, plan)
+    vi = helper.make_tensor_value_info
+    inputs = [vi(plan.src, plan.io_type, input_shape), vi(plan.diff_dst, plan.io_type, input_shape),
+              vi(plan.mean, plan.stat_type, stats_shape), vi(plan.stat, plan.stat_type, stats_shape)]
+    if plan.gamma:
+        inputs.append(vi(plan.gamma, plan.stat_type, stats_shape))
+    outputs = []
+    if plan.diff_src:
+        outputs.append(vi(plan.diff_src, plan.io_type, input_shape))
+    for name in (plan.diff_gamma, plan.diff_beta):
+        if name:
+            outputs.append(vi(name, plan.stat_type, stats_shape))
+    graph = helper.make_graph(b.nodes, "bn", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def make_data(shape, channel_axis, reduce_axes, keep_rank, io_type, stat_type, *, offset=0.0, seed=0,
+              stat_input="variance", epsilon=1e-5):
+    rng = np.random.default_rng(seed)
+    stats_shape = tuple(1 if a in reduce_axes else d for a, d in enumerate(shape)) if keep_rank \
+        else (shape[channel_axis],)
+    bshape = [1] * len(shape)
+    bshape[channel_axis] = shape[channel_axis]
+    centre = (offset + rng.normal(size=stats_shape)).reshape(stats_shape)
+    std = rng.uniform(0.5, 2.0, size=stats_shape)
+    x = rng.normal(size=shape) * std.reshape(bshape if not keep_rank else stats_shape) \
+        + centre.reshape(bshape if not keep_rank else stats_shape)
+    dy = rng.normal(size=shape) + 0.3 * (x - centre.reshape(bshape if not keep_rank else stats_shape))
+    x = x.astype(NP[io_type])
+    dy = dy.astype(NP[io_type])
+    mean = x.astype(np.float64).mean(axis=tuple(reduce_axes), keepdims=True).reshape(stats_shape)
+    var = x.astype(np.float64).var(axis=tuple(reduce_axes), keepdims=True).reshape(stats_shape)
+    stat = 1.0 / np.sqrt(var + epsilon) if stat_input == "inv_std" else var
+    gamma = rng.uniform(0.5, 1.5, size=stats_shape)
+    return x, dy, mean.astype(NP[stat_type]), stat.astype(NP[stat_type]), gamma.astype(NP[stat_type])
+
+
+def check(shape, *, channel_axis, io_type=F32, stat_type=F32, keep_rank=False, reduce_axes=None, gamma=True,
+          outputs=OUTPUTS, statistics="batch", stat_input="variance", opset=17, offset=0.0,
+          rank_known=True, symbolic=False, tol=None, seed=0):
+    rank = len(shape)
+    axes = tuple(reduce_axes) if reduce_axes is not None else tuple(a for a in range(rank) if a != channel_axis)
+    x, dy, mean, stat, g = make_data(shape, channel_axis, axes, keep_rank, io_type, stat_type, offset=offset,
+                                     seed=seed, stat_input=stat_input)
+    plan = BatchNormBackwardPlan(
+        src="src", diff_dst="diff_dst", mean="mean", stat="stat", gamma="gamma" if gamma else None,
+        diff_src="dx" if "diff_src" in outputs else None, diff_gamma="dg" if "diff_gamma" in outputs else None,
+        diff_beta="db" if "diff_beta" in outputs else None,
+        rank=rank if rank_known else None,
+        channel_axis=channel_axis if rank_known or channel_axis != rank - 1 else None,
+        reduce_axes=tuple(reduce_axes) if reduce_axes is not None else None, stats_keep_rank=keep_rank,
+        statistics=statistics, stat_input=stat_input, epsilon=1e-5, io_type=io_type, stat_type=stat_type,
+        src_shape=None if symbolic or not rank_known else tuple(shape),
+        channel_last=(channel_axis == rank - 1 and rank > 1 and not rank_known))
+    # onnx.checker wants graph inputs to have a shape: an unknown rank is the emitter's view only
+    if symbolic or not rank_known:
+        input_shape = [f"d{i}" for i in range(rank)]
+    else:
+        input_shape = list(shape)
+    stats_shape = [f"s{i}" for i in range(mean.ndim)] if symbolic or not rank_known else list(mean.shape)
+    model = build(plan, opset, input_shape, stats_shape)
+    feeds = {"src": x, "diff_dst": dy, "mean": mean, "stat": stat}
+    if gamma:
+        feeds["gamma"] = g
+    got = run_model(model, feeds)
+    want = reference(x, dy, mean, stat, g if gamma else None, epsilon=1e-5, reduce_axes=axes,
+                     statistics=statistics, stat_input=stat_input, outputs=outputs)
+    names = {"diff_src": "dx", "diff_gamma": "dg", "diff_beta": "db"}
+    assert set(got) == {names[o] for o in outputs}
+    for out in outputs:
+        value = got[names[out]]
+        expected_type = io_type if out == "diff_src" else stat_type
+        assert value.dtype == np.dtype(NP[expected_type]), out
+        assert value.shape == want[out].shape, out
+        scale = np.abs(want[out]).max() + 1e-30
+        err = np.abs(value.astype(np.float64) - want[out]).max() / scale
+        limit = tol if tol is not None else TOL[io_type if out == "diff_src" else stat_type]
+        assert err <= limit, f"{out}: relative error {err:.3g} > {limit}"
+
+
+SHAPES = {2: (16, 5), 3: (4, 6, 7), 4: (3, 5, 4, 6), 5: (2, 4, 3, 2, 5)}
+
+
+@pytest.mark.parametrize("rank", [2, 3, 4, 5])
+@pytest.mark.parametrize("layout", ["NCX", "NXC"])
+def test_layouts_f32(rank, layout):
+    check(SHAPES[rank], channel_axis=1 if layout == "NCX" else rank - 1)
+
+
+@pytest.mark.parametrize("io_type,stat_type", [(F16, F32), (BF16, F32), (BF16, BF16), (F64, F64)],
+                         ids=["f16", "bf16", "bf16-bf16stats", "f64"])
+@pytest.mark.parametrize("layout", ["NCX", "NXC"])
+def test_dtypes(io_type, stat_type, layout):
+    check((4, 8, 5, 6) if layout == "NCX" else (4, 5, 6, 8), channel_axis=1 if layout == "NCX" else 3,
+          io_type=io_type, stat_type=stat_type)
+
+
+@pytest.mark.parametrize("outputs", [("diff_src",), ("diff_gamma",), ("diff_beta",), ("diff_gamma", "diff_beta"),
+                                     ("diff_src", "diff_beta"), ("diff_src", "diff_gamma")])
+@pytest.mark.parametrize("gamma", [True, False])
+@pytest.mark.parametrize("statistics", ["batch", "frozen"])
+def test_optional_outputs_and_gamma(outputs, gamma, statistics):
+    check((3, 4, 5, 2), channel_axis=1, outputs=outputs, gamma=gamma, statistics=statistics)
+
+
+@pytest.mark.parametrize("layout", ["NCX", "NXC"])
+@pytest.mark.parametrize("statistics", ["batch", "frozen"])
+def test_inv_std(layout, statistics):
+    check((4, 6, 5), channel_axis=1 if layout == "NCX" else 2, stat_input="inv_std", statistics=statistics)
+
+
+@pytest.mark.parametrize("rank", range(1, 9))
+def test_keep_rank_stats(rank):
+    shape = (3, 4, 2, 3, 2, 2, 3, 2)[:rank]
+    reduce_axes = tuple(a for a in range(rank) if a != 1) if rank > 1 else (0,)
+    check(shape, channel_axis=min(1, rank - 1), keep_rank=True, reduce_axes=reduce_axes, statistics="frozen")
+    check(shape, channel_axis=min(1, rank - 1), keep_rank=True, reduce_axes=reduce_axes, statistics="batch")
+
+
+def test_keep_rank_several_kept_axes():
+    # reduce over axes 0 and 2 only: axes 1 and 3 are both kept (per-(c, w) statistics)
+    check((4, 3, 5, 2), channel_axis=1, keep_rank=True, reduce_axes=(0, 2))
+
+
+@pytest.mark.parametrize("layout", ["NCX", "NXC"])
+@pytest.mark.parametrize("rank_known", [True, False], ids=["symbolic-dims", "unknown-rank"])
+def test_symbolic_dims(layout, rank_known):
+    check((3, 4, 5, 6) if layout == "NCX" else (3, 5, 6, 4), channel_axis=1 if layout == "NCX" else 3,
+          symbolic=True, rank_known=rank_known)
+
+
+@pytest.mark.parametrize("opset", [12, 13, 17])
+@pytest.mark.parametrize("layout", ["NCX", "NXC"])
+def test_opsets(opset, layout):
+    check((3, 4, 5) if layout == "NCX" else (3, 5, 4), channel_axis=1 if layout == "NCX" else 2, opset=opset)
+    check((3, 4, 5), channel_axis=1, opset=opset, symbolic=True, rank_known=False)
+
+
+@pytest.mark.parametrize("layout", ["NCX", "NXC"])
+@pytest.mark.parametrize("io_type", [F32, BF16])
+def test_ill_conditioned(layout, io_type):
+    # |mean|/std = 1e4: sum(dy*x) - mean*sum(dy) would lose every digit of diff_gamma in f32
+    shape = (16, 8, 12, 12) if layout == "NCX" else (16, 12, 12, 8)
+    tol = 2e-5 if io_type == F32 else None
+    check(shape, channel_axis=1 if layout == "NCX" else 3, offset=1e4, io_type=io_type, tol=tol)
+
+
+def test_nothing_requested_emits_nothing():
+    b = NodeBuilder(17, "bn")
+    emit_batch_norm_backward(b, BatchNormBackwardPlan(
+        "x", "dy", "m", "v", None, None, None, None, rank=4, channel_axis=1, reduce_axes=None,
+        stats_keep_rank=False, statistics="batch", stat_input="variance", epsilon=1e-5, io_type=F32, stat_type=F32))
+    assert b.nodes == []

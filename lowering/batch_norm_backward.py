@@ -1,0 +1,129 @@
+"""Lowering rule for ``binding.rule == "batch_norm_backward"``: a verified node -> a plan -> emitted nodes.
+
+Every dialect of DESIGN.md section 4 arrives here as a :class:`~opdef.node.NodeInference` whose canonical
+roles (src, diff_dst, mean, variance | inv_std, gamma; diff_src, diff_gamma, diff_beta) the binding
+resolved. This module only decides the semantics; :mod:`lowering.bn_emit` does the math.
+"""
+
+from __future__ import annotations
+
+from lowering.bn_emit import BatchNormBackwardPlan, emit_batch_norm_backward
+from lowering.builder import NodeBuilder
+from lowering.rules import LoweringRequest, register_rule
+from opdef.binding import Binding
+from opdef.errors import LoweringError
+from opdef.node import NodeInference, TensorType
+from opdef.schema import OpSchema
+
+
+@register_rule("batch_norm_backward")
+def lower_batch_norm_backward(builder: NodeBuilder, request: LoweringRequest) -> None:
+    """Emit standard ONNX for one batch-norm training backward node.
+
+    - gamma absent: gamma = 1.
+    - DirectML (``layout == "stats_broadcast"``): statistics are frozen (``diff_src = gamma*inv*diff_dst``)
+      and mean/variance/gamma and the parameter gradients keep the input's rank; the sums run over every
+      axis where mean's size is 1.
+    - onnxruntime training (``stat_input == "inv_std"``): the statistics input already is
+      1/sqrt(variance + epsilon); only the binding differs.
+    - oneDNN single-output rule, for schemas whose constraints say diff_gamma and diff_beta come both or
+      neither (the oneDNN dialects). When the node requests neither of them:
+      ``request.options.onednn_single_output == "spec"`` (default): gamma is ignored, as the spec's note
+      says; statistics stay batch statistics.
+      ``"upstream"``: gamma is ignored *and* statistics are treated as frozen, as upstream oneDNN's
+      implementation does (the spec does not say so).
+      "Requested" means the node declares the output, whether or not anything consumes it: an output
+      nobody reads is not computed, but it does not change the semantics of the others.
+    """
+    plan = plan_batch_norm_backward(request)
+    if plan.diff_src is None and plan.diff_gamma is None and plan.diff_beta is None:
+        return  # nothing anybody reads
+    emit_batch_norm_backward(builder, plan)
+
+
+def plan_batch_norm_backward(request: LoweringRequest) -> BatchNormBackwardPlan:
+    node = request.inference
+    binding = node.binding
+    src_type = _input_type(node, "src")
+    stat_type = _input_type(node, "mean")
+    stat_role = binding.stat_input if request.input(binding.stat_input) else "variance"
+    single_output = both_or_neither(node.schema, binding) and not (
+        request.requested("diff_gamma") or request.requested("diff_beta"))
+    statistics = binding.statistics
+    if single_output and request.options.onednn_single_output == "upstream":
+        statistics = "frozen"
+    channel_last = False
+    if binding.layout == "data_format" and binding.layout_attribute:
+        channel_last = str(node.attributes.get(binding.layout_attribute, "NXC")).upper() == "NXC"
+    return BatchNormBackwardPlan(
+        src=_required(request, "src"),
+        diff_dst=_required(request, "diff_dst"),
+        mean=_required(request, "mean"),
+        stat=_required(request, stat_role),
+        gamma=None if single_output else request.input("gamma"),
+        diff_src=request.output("diff_src"),
+        diff_gamma=request.output("diff_gamma"),
+        diff_beta=request.output("diff_beta"),
+        rank=node.rank,
+        channel_axis=node.channel_axis,
+        reduce_axes=node.reduce_axes,
+        stats_keep_rank=binding.layout == "stats_broadcast",
+        statistics=statistics,
+        stat_input=binding.stat_input,
+        epsilon=_epsilon(node),
+        io_type=_elem_type(node, "src", src_type),
+        stat_type=_elem_type(node, "mean", stat_type),
+        src_shape=src_type.shape if src_type is not None else None,
+        channel_last=channel_last,
+    )
+
+
+def both_or_neither(schema: OpSchema, binding: Binding) -> bool:
+    """Whether the schema says diff_gamma and diff_beta are requested both or neither (oneDNN's note).
+
+    Read from the spec's constraints (a constraint naming both gradients and saying "both" and
+    "neither"), or from the binding option ``"param_grads": "both_or_neither"``.
+    """
+    if dict(binding.options).get("param_grads") == "both_or_neither":
+        return True
+    names = [binding.arg("diff_gamma"), binding.arg("diff_beta")]
+    if None in names:
+        return False
+    for constraint in schema.constraints:
+        text = constraint.text.lower()
+        mentioned = set(constraint.arguments) | {n for n in names if n.lower() in text}
+        if "both" in text and "neither" in text and all(n in mentioned for n in names):
+            return True
+    return False
+
+
+def _required(request: LoweringRequest, role: str) -> str:
+    name = request.input(role)
+    if name is None:
+        node = request.inference
+        raise LoweringError(f"{node.domain} {node.op_type} '{node.node_name}': no value bound to role {role!r}")
+    return name
+
+
+def _input_type(node: NodeInference, role: str) -> TensorType | None:
+    name = node.roles.get(role)
+    if not name or name not in node.inputs:
+        return None
+    return node.input_types[node.inputs.index(name)]
+
+
+def _elem_type(node: NodeInference, role: str, t: TensorType | None) -> int:
+    if t is None or t.elem_type is None:
+        raise LoweringError(f"{node.domain} {node.op_type} '{node.node_name}': the element type of {role} "
+                            f"({node.roles.get(role)!r}) is unknown; declare it (graph input or value_info)")
+    return t.elem_type
+
+
+def _epsilon(node: NodeInference) -> float:
+    if node.epsilon is not None:
+        return float(node.epsilon)
+    name = node.binding.arg("epsilon")
+    value = node.attributes.get(name) if name else None
+    if value is None:
+        raise LoweringError(f"{node.domain} {node.op_type} '{node.node_name}': no epsilon")
+    return float(value)

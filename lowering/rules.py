@@ -1,0 +1,96 @@
+"""The explicit registry of lowering rules, keyed by ``Binding.rule`` (e.g. ``"batch_norm_backward"``).
+
+A rule is one plain function ``rule(builder, request) -> None`` that emits standard ONNX nodes into a
+:class:`~lowering.builder.NodeBuilder`. It never walks the graph: the pass matches the node, verifies it,
+hands the rule a :class:`LoweringRequest` and splices what the rule emitted in place of the node.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from lowering.builder import NodeBuilder
+from opdef.errors import LoweringError
+from opdef.node import NodeInference
+
+ONEDNN_SINGLE_OUTPUT = ("spec", "upstream")
+
+# Modules that define rules; imported on first lookup so that registration happens exactly once.
+RULE_MODULES = ("lowering.batch_norm_backward",)
+
+
+@dataclass(frozen=True)
+class LoweringOptions:
+    """Choices where the specs leave room; see :func:`lowering.batch_norm_backward.lower_batch_norm_backward`."""
+
+    onednn_single_output: str = "spec"
+
+    def __post_init__(self) -> None:
+        if self.onednn_single_output not in ONEDNN_SINGLE_OUTPUT:
+            raise ValueError(f"onednn_single_output must be one of {list(ONEDNN_SINGLE_OUTPUT)}, "
+                             f"not {self.onednn_single_output!r}")
+
+
+@dataclass(frozen=True)
+class LoweringRequest:
+    """What a rule gets: the verified node, which of its outputs someone consumes, and the options."""
+
+    inference: NodeInference
+    wanted: frozenset[str]  # output value names that a node, subgraph or graph output consumes
+    options: LoweringOptions = field(default_factory=LoweringOptions)
+
+    def input(self, role: str) -> str | None:
+        """The value name bound to an input role, or None when the node omits it."""
+        return self.inference.roles.get(role) or None
+
+    def requested(self, role: str) -> bool:
+        """Whether the node declares the output role at all (what the op's semantics depend on)."""
+        return bool(self.inference.roles.get(role))
+
+    def output(self, role: str) -> str | None:
+        """The value name the rule must produce for an output role; None: not requested or unused."""
+        name = self.inference.roles.get(role)
+        return name if name and name in self.wanted else None
+
+
+Rule = Callable[[NodeBuilder, LoweringRequest], None]
+
+_RULES: dict[str, Rule] = {}
+
+
+def register_rule(key: str) -> Callable[[Rule], Rule]:
+    """Decorator: register ``rule`` under ``key``. Registering a key twice is an error."""
+
+    def decorate(rule: Rule) -> Rule:
+        if key in _RULES:
+            raise ValueError(f"a lowering rule for {key!r} is already registered ({_RULES[key].__module__}."
+                             f"{_RULES[key].__qualname__})")
+        _RULES[key] = rule
+        return rule
+
+    return decorate
+
+
+def unregister_rule(key: str) -> None:
+    """For tests that register temporary rules."""
+    _RULES.pop(key, None)
+
+
+def registered_rules() -> Mapping[str, Rule]:
+    _import_rule_modules()
+    return dict(_RULES)
+
+
+def rule_for(key: str) -> Rule:
+    _import_rule_modules()
+    try:
+        return _RULES[key]
+    except KeyError:
+        raise LoweringError(f"no lowering rule registered for {key!r} (known: {sorted(_RULES)})") from None
+
+
+def _import_rule_modules() -> None:
+    for module in RULE_MODULES:
+        importlib.import_module(module)

@@ -18,3 +18,9 @@ __all__ = [
     "OplowerError", "Registry", "RuntimeFailure", "SpecError", "TypeRule", "VerificationError",
     "detect_dialect", "load_schemas", "parse_spec", "parse_spec_text",
 ]
+
+from opdef.node import NodeInference, TensorType  # noqa: E402
+from opdef.onnx_defs import register_onnx_schemas  # noqa: E402
+from opdef.verify import InvalidNodes, infer_node, verify_model  # noqa: E402
+
+__all__ += ["InvalidNodes", "NodeInference", "TensorType", "infer_node", "register_onnx_schemas", "verify_model"]

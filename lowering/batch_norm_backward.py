@@ -81,8 +81,8 @@ def plan_batch_norm_backward(request: LoweringRequest) -> BatchNormBackwardPlan:
 def both_or_neither(schema: OpSchema, binding: Binding) -> bool:
     """Whether the schema says diff_gamma and diff_beta are requested both or neither (oneDNN's note).
 
-    Read from the spec's constraints (a constraint naming both gradients and saying "both" and
-    "neither"), or from the binding option ``"param_grads": "both_or_neither"``.
+    Read from the spec's constraints (one naming both gradients and saying "neither", "both or" or
+    "not at all"), or from the binding option ``"param_grads": "both_or_neither"``.
     """
     if dict(binding.options).get("param_grads") == "both_or_neither":
         return True
@@ -92,7 +92,8 @@ def both_or_neither(schema: OpSchema, binding: Binding) -> bool:
     for constraint in schema.constraints:
         text = constraint.text.lower()
         mentioned = set(constraint.arguments) | {n for n in names if n.lower() in text}
-        if "both" in text and "neither" in text and all(n in mentioned for n in names):
+        says_it = any(phrase in text for phrase in ("neither", "both or", "not at all"))
+        if says_it and all(n in mentioned for n in names):
             return True
     return False
 

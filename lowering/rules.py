@@ -17,8 +17,8 @@ from opdef.node import NodeInference
 
 ONEDNN_SINGLE_OUTPUT = ("spec", "upstream")
 
-# Modules that define rules; imported on first lookup so that registration happens exactly once.
-RULE_MODULES = ("lowering.batch_norm_backward",)
+# A rule ``key`` lives in the module ``lowering.<key>`` (STYLE.md: lowering/<op>.py); it is imported on
+# first lookup, which registers it (once: Python imports a module once).
 
 
 @dataclass(frozen=True)
@@ -79,18 +79,17 @@ def unregister_rule(key: str) -> None:
 
 
 def registered_rules() -> Mapping[str, Rule]:
-    _import_rule_modules()
     return dict(_RULES)
 
 
 def rule_for(key: str) -> Rule:
-    _import_rule_modules()
+    if key not in _RULES and key.isidentifier():
+        try:
+            importlib.import_module(f"lowering.{key}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"lowering.{key}":
+                raise
     try:
         return _RULES[key]
     except KeyError:
         raise LoweringError(f"no lowering rule registered for {key!r} (known: {sorted(_RULES)})") from None
-
-
-def _import_rule_modules() -> None:
-    for module in RULE_MODULES:
-        importlib.import_module(module)

@@ -123,22 +123,28 @@ def batch_statistics(x, *, reduce_axes: Sequence[int]) -> tuple[np.ndarray, np.n
 
 
 def batch_norm_internal(x, scale, bias, running_mean, running_var, *, epsilon: float, momentum: float,
-                        channel_axis: int = 1) -> dict[str, np.ndarray]:
-    """onnxruntime-training's BatchNormInternal (training mode) forward, in float64.
+                        channel_axis: int = 1, training: bool = True) -> dict[str, np.ndarray]:
+    """onnxruntime-training's BatchNormInternal forward, in float64.
 
-    Y uses the batch statistics; running_mean = momentum * running_mean + (1 - momentum) * batch mean;
-    running_var likewise with the *biased* batch variance; saved_mean is the batch mean and
+    Training mode: Y uses the batch statistics; running_mean = momentum * running_mean + (1 - momentum) *
+    batch mean; running_var likewise with the *biased* batch variance; saved_mean is the batch mean and
     saved_inv_std = 1 / sqrt(biased batch variance + epsilon). Stats are [C] vectors.
+    ``training=False``: Y normalized with running_mean/running_var, and only Y is returned.
     """
     x = _f64(x)
     if not -x.ndim <= channel_axis < x.ndim:
         raise ValueError(f"channel_axis {channel_axis} out of range for rank {x.ndim}")
     channel = channel_axis % x.ndim
     axes = tuple(a for a in range(x.ndim) if a != channel)
-    mean, variance = batch_statistics(x, reduce_axes=axes)
+    if training:
+        mean, variance = batch_statistics(x, reduce_axes=axes)
+    else:
+        mean, variance = _f64(running_mean).reshape(-1), _f64(running_var).reshape(-1)
     inv_std = 1.0 / np.sqrt(variance + float(epsilon))
     shape = broadcast_shape(x.shape, axes)
     y = (x - mean.reshape(shape)) * inv_std.reshape(shape) * _f64(scale).reshape(shape) + _f64(bias).reshape(shape)
+    if not training:
+        return {"Y": y}
     momentum = float(momentum)
     return {
         "Y": y,

@@ -1,0 +1,270 @@
+"""Evaluate a whole model that still contains the project's custom nodes, with float64 semantics for them.
+
+``onnx.reference.ReferenceEvaluator`` runs the standard ops; every op of the registry gets an ``OpRun``
+class generated from its schema and binding (DESIGN.md section 4): node inputs/outputs are mapped to
+canonical roles by the schema's argument positions, attribute defaults come from the schema, the layout
+rule and statistics mode from the binding, and the math is :mod:`runtime.reference` in float64.
+This is the oracle ``oplower lower --verify`` and ``oplower run`` compare the lowered graph against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+from opdef.errors import ModelError, OplowerError, RuntimeFailure, VerificationError
+from opdef.registry import Entry, Registry
+from runtime import reference
+
+SINGLE_OUTPUT_MODES = ("spec", "upstream")
+# An omitted output ("") of a custom node is renamed to this prefix + a number on the evaluator's copy:
+# the evaluator stores every result under its output name, and "" is its marker of an omitted input.
+_OMITTED = "oplower::omitted::"
+
+
+def both_or_neither(entry: Entry) -> bool:
+    """Whether the schema says diff_gamma and diff_beta are requested both or neither (oneDNN's note).
+
+    From the binding option ``"param_grads": "both_or_neither"`` or a spec constraint naming both
+    gradients and saying "both" and "neither" (the same reading as the lowering rule's).
+    """
+    schema, binding = entry.schema, entry.binding
+    if dict(binding.options).get("param_grads") == "both_or_neither":
+        return True
+    names = [binding.arg("diff_gamma"), binding.arg("diff_beta")]
+    if None in names:
+        return False
+    for constraint in schema.constraints:
+        text = constraint.text.lower()
+        mentioned = set(constraint.arguments) | {n for n in names if n.lower() in text}
+        if "both" in text and "neither" in text and all(n in mentioned for n in names):
+            return True
+    return False
+
+
+class _Node:
+    """One custom node's arguments by role: what every rule's evaluation starts from."""
+
+    def __init__(self, entry: Entry, op: OpRun, inputs: tuple, attrs: Mapping[str, Any]) -> None:
+        self.entry, self.schema, self.binding = entry, entry.schema, entry.binding
+        self.node = op.onnx_node
+        self.label = self.node.name or (self.node.output[0] if self.node.output else "?")
+        self.inputs = inputs
+        self.attrs = attrs
+
+    def fail(self, message: str) -> VerificationError:
+        return VerificationError(self.binding.domain, self.binding.op_type, self.label, message)
+
+    def input(self, role: str, required: bool = True) -> np.ndarray | None:
+        name = self.binding.arg(role)
+        index = self.schema.input_index(name) if name and name in {a.name for a in self.schema.inputs} else None
+        value = self.inputs[index] if index is not None and index < len(self.inputs) else None
+        if value is None and required:
+            raise self.fail(f"input {name or role!r} ({role}) is missing")
+        return None if value is None else np.asarray(value)
+
+    def has_input(self, role: str) -> bool:
+        return self.binding.arg(role) is not None
+
+    def output_index(self, role: str) -> int | None:
+        """The node's output position of a role, when the node requests that output."""
+        name = self.binding.arg(role)
+        if not name or name not in {a.name for a in self.schema.outputs}:
+            return None
+        index = self.schema.output_index(name)
+        if index >= len(self.node.output) or not self.node.output[index]:
+            return None
+        return None if self.node.output[index].startswith(_OMITTED) else index
+
+    def attribute(self, role: str, fallback: Any = None) -> Any:
+        """The attribute bound to a role (or named ``role``): the node's value, else the schema's default."""
+        return self.attribute_named(self.binding.arg(role) or role, fallback)
+
+    def attribute_named(self, name: str, fallback: Any = None) -> Any:
+        value = self.attrs.get(name)
+        if value is None:
+            try:
+                value = self.schema.attribute(name).default
+            except KeyError:
+                value = None
+        if isinstance(value, bytes):
+            value = value.decode("utf-8")
+        return fallback if value is None else value
+
+    def results(self, values: Mapping[str, tuple[np.ndarray, np.dtype | None]]) -> tuple:
+        """Outputs in the node's order: {role: (float64 value, dtype to round to or None)}."""
+        out: list[Any] = [np.empty(0)] * len(self.node.output)  # placeholders for omitted outputs
+        for role, (value, dtype) in values.items():
+            index = self.output_index(role)
+            if index is not None:
+                out[index] = value if dtype is None else value.astype(dtype)
+        return tuple(out)
+
+
+def _batch_norm_backward(n: _Node, exact: bool, single_output: str) -> tuple:
+    binding = n.binding
+    src, diff_dst, mean = n.input("src"), n.input("diff_dst"), n.input("mean")
+    stat_role = binding.stat_input if n.has_input(binding.stat_input) else "variance"
+    stat = n.input(stat_role)
+    gamma = n.input("gamma", required=False)
+    wanted = [r for r in ("diff_src", "diff_gamma", "diff_beta") if n.output_index(r) is not None]
+    requested_params = any(n.output_index(r) is not None for r in ("diff_gamma", "diff_beta"))
+    statistics = binding.statistics
+    if both_or_neither(n.entry) and not requested_params:
+        gamma = None  # the spec: gamma is ignored when neither parameter gradient is requested
+        if single_output == "upstream":
+            statistics = "frozen"
+    rank = src.ndim
+    if binding.layout == "stats_broadcast":
+        if mean.ndim != rank:
+            raise n.fail(f"mean has rank {mean.ndim}; expected the input's rank {rank} (statistics keep the rank)")
+        reduce_axes = tuple(a for a in range(rank) if mean.shape[a] == 1)
+    else:
+        if rank < 2:
+            raise n.fail(f"src has rank {rank}; expected 2 or more")
+        channel_axis = 1
+        if binding.layout == "data_format":
+            data_format = str(n.attribute_named(binding.layout_attribute, "NXC")).upper()
+            channel_axis = 1 if data_format == "NCX" else rank - 1
+        reduce_axes = tuple(a for a in range(rank) if a != channel_axis)
+    epsilon = n.attribute("epsilon")
+    if epsilon is None:
+        raise n.fail("no epsilon")
+    try:
+        grads = reference.batch_norm_backward(src, diff_dst, mean, stat, gamma, epsilon=float(epsilon),
+                                              reduce_axes=reduce_axes, statistics=statistics,
+                                              stat_input=binding.stat_input,
+                                              outputs=wanted)
+    except ValueError as exc:
+        raise n.fail(str(exc)) from None
+    param_dtype = (gamma if gamma is not None else mean).dtype
+    dtypes = {"diff_src": src.dtype, "diff_gamma": param_dtype, "diff_beta": param_dtype}
+    return n.results({role: (value, None if exact else dtypes[role]) for role, value in grads.items()})
+
+
+def _batch_norm_internal(n: _Node, exact: bool, single_output: str) -> tuple:
+    del single_output
+    x, scale, bias = n.input("src"), n.input("gamma"), n.input("beta")
+    input_mean, input_var = n.input("input_mean"), n.input("input_var")
+    epsilon, momentum = float(n.attribute("epsilon", 1e-5)), float(n.attribute("momentum", 0.9))
+    training = int(n.attribute("training_mode", 1)) != 0
+    if x.ndim < 2:
+        raise n.fail(f"X has rank {x.ndim}; expected 2 or more")
+    try:
+        values = reference.batch_norm_internal(x, scale, bias, input_mean, input_var, epsilon=epsilon,
+                                               momentum=momentum, training=training)
+    except ValueError as exc:
+        raise n.fail(str(exc)) from None
+    roles = {"Y": "dst", "running_mean": "running_mean", "running_var": "running_var",
+             "saved_mean": "saved_mean", "saved_inv_std": "saved_inv_std"}
+    stat_dtype = input_mean.dtype
+    return n.results({roles[k]: (v, None if exact else (x.dtype if k == "Y" else stat_dtype))
+                      for k, v in values.items()})
+
+
+RULES = {"batch_norm_backward": _batch_norm_backward, "batch_norm_internal": _batch_norm_internal}
+
+
+def op_classes(registry: Registry, *, exact: bool = False, single_output: str = "spec") -> list[type[OpRun]]:
+    """One ``OpRun`` subclass per registry entry whose rule has a float64 evaluation."""
+    if single_output not in SINGLE_OUTPUT_MODES:
+        raise ValueError(f"single_output must be one of {SINGLE_OUTPUT_MODES}, not {single_output!r}")
+    classes = []
+    for entry in registry:
+        evaluate_rule = RULES.get(entry.binding.rule)
+        if evaluate_rule is None:
+            continue
+
+        def _run(self, *inputs, _entry=entry, _rule=evaluate_rule, **attrs):
+            return _rule(_Node(_entry, self, inputs, attrs), exact, single_output)
+
+        classes.append(type(entry.binding.op_type, (OpRun,), {
+            "op_domain": entry.binding.domain,
+            "op_schema": None,  # never borrow an ai.onnx schema of the same name
+            "_run": _run,
+            "__doc__": f"float64 reference of {entry.binding.domain}::{entry.binding.op_type}",
+        }))
+    return classes
+
+
+def _prepared_copy(model: onnx.ModelProto, registry: Registry) -> onnx.ModelProto:
+    """A copy the evaluator can run: omitted outputs of custom nodes named, every used domain imported."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    counter = 0
+    for owner in (copy, *copy.functions):
+        domains = set()
+        stack = [owner.graph.node if owner is copy else owner.node]
+        while stack:
+            for node in stack.pop():
+                domains.add(node.domain)
+                if (node.domain, node.op_type) in registry:
+                    for i, name in enumerate(node.output):
+                        if not name:
+                            node.output[i] = f"{_OMITTED}{counter}"
+                            counter += 1
+                for attr in node.attribute:
+                    stack.extend(g.node for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH
+                                                  else attr.graphs))
+        have = {o.domain for o in owner.opset_import}
+        for domain in sorted(domains - have - {"ai.onnx"}):
+            owner.opset_import.append(onnx.helper.make_opsetid(domain, 1))
+    return copy
+
+
+def reference_evaluator(model: onnx.ModelProto | str | Path, *, registry: Registry | None = None,
+                        exact: bool = False, single_output: str = "spec") -> ReferenceEvaluator:
+    """A ``ReferenceEvaluator`` over the model that knows every op of the registry.
+
+    ``exact=True`` leaves the custom nodes' results in float64 (the oracle); by default they are rounded
+    once to the element types the op produces (src's for diff_src, the statistics' for the rest), like
+    the real op. ``single_output`` is the oneDNN single-output reading ("spec" or "upstream").
+    """
+    if registry is None:
+        from opdef.registry import load_schemas  # noqa: PLC0415 (parses specs/ on first use)
+
+        registry = load_schemas()
+    if not isinstance(model, onnx.ModelProto):
+        try:
+            model = onnx.load(str(model))
+        except Exception as exc:
+            raise ModelError(f"{model}: not a readable ONNX model ({type(exc).__name__})") from None
+    model = _prepared_copy(model, registry)
+    classes = op_classes(registry, exact=exact, single_output=single_output)
+    try:
+        # Built from the graph, not the model: ReferenceEvaluator gives a model's functions no new_ops.
+        functions: list[ReferenceEvaluator] = []
+        for function in model.functions:
+            functions.append(ReferenceEvaluator(function, functions=list(functions), new_ops=classes))
+        opsets = {o.domain: o.version for o in model.opset_import}
+        return ReferenceEvaluator(model.graph, opsets=opsets, functions=functions, new_ops=classes)
+    except OplowerError:
+        raise
+    except Exception as exc:
+        raise RuntimeFailure(f"the reference evaluator cannot load the model: {_one_line(exc)}") from None
+
+
+def evaluate(model: onnx.ModelProto | str | Path, feeds: Mapping[str, np.ndarray],
+             output_names: Iterable[str] | None = None, *, registry: Registry | None = None,
+             exact: bool = False, single_output: str = "spec") -> dict[str, np.ndarray]:
+    """Run the model with ``onnx.reference`` (custom nodes in float64); returns {output name: array}."""
+    evaluator = reference_evaluator(model, registry=registry, exact=exact, single_output=single_output)
+    names = list(evaluator.output_names if output_names is None else output_names)
+    try:
+        values = evaluator.run(names, dict(feeds))
+    except OplowerError:
+        raise
+    except Exception as exc:
+        raise RuntimeFailure(f"the reference evaluator failed: {_one_line(exc)}") from None
+    return dict(zip(names, values, strict=True))
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__

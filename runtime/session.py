@@ -286,6 +286,16 @@ def _value_spec(vi: onnx.ValueInfoProto, optional: bool = False) -> ValueSpec:
     return ValueSpec(vi.name, tt.elem_type or None, shape, optional)
 
 
+def model_inputs(model: onnx.ModelProto) -> dict[str, ValueSpec]:
+    """The graph inputs as declared; an input with an initializer is optional (it may be overridden)."""
+    initializers = {t.name for t in model.graph.initializer}
+    return {vi.name: _value_spec(vi, vi.name in initializers) for vi in model.graph.input}
+
+
+def model_outputs(model: onnx.ModelProto) -> dict[str, ValueSpec]:
+    return {vi.name: _value_spec(vi) for vi in model.graph.output}
+
+
 def _check_feed(spec: ValueSpec, value) -> np.ndarray:
     array = np.asarray(value)
     if spec.elem_type is None:
@@ -356,10 +366,8 @@ class PreparedModel:
                  allow_spinning: bool = True, optimize: bool = True) -> None:
         proto = _as_model(model)
         check_standard(proto)
-        initializers = {t.name for t in proto.graph.initializer}
-        self.inputs: dict[str, ValueSpec] = {
-            vi.name: _value_spec(vi, vi.name in initializers) for vi in proto.graph.input}
-        self.outputs: dict[str, ValueSpec] = {vi.name: _value_spec(vi) for vi in proto.graph.output}
+        self.inputs: dict[str, ValueSpec] = model_inputs(proto)
+        self.outputs: dict[str, ValueSpec] = model_outputs(proto)
         options = ort.SessionOptions()
         options.log_severity_level = 4
         options.inter_op_num_threads = 1

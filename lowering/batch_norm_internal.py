@@ -1,0 +1,217 @@
+"""Lowering of onnxruntime-training's ``com.microsoft::BatchNormInternal`` (batch-norm forward).
+
+``emit_batch_norm_internal(b, plan)`` emits the math of ``specs/com.microsoft/BatchNormInternal.rst``:
+batch mean, biased batch variance by two passes (centre first, then sum the squares: no
+``E[x^2] - E[x]^2`` cancellation), ``Y``, the running-statistics update and the saved statistics.
+Only the outputs the plan names are computed. f16/bf16 are cast up to f32 once at the top and rounded
+once at the end. The channel axis is axis 1.
+
+``lower_batch_norm_internal`` is the rule registered under ``"batch_norm_internal"``; it turns a verified
+node (roles from ``specs/bindings.json``) into a plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto
+
+from lowering.builder import NodeBuilder
+from lowering.rules import LoweringRequest, register_rule
+from opdef.errors import LoweringError
+
+_NP_OF = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64}
+_FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
+# Opset from which a reduction takes ``axes`` as an input instead of an attribute.
+_AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceSumSquare": 18}
+
+
+@dataclass(frozen=True)
+class BatchNormInternalPlan:
+    x: str
+    scale: str
+    bias: str
+    input_mean: str
+    input_var: str
+    # outputs: the value name to write, None = not computed
+    y: str | None
+    running_mean: str | None
+    running_var: str | None
+    saved_mean: str | None
+    saved_inv_std: str | None
+    training: bool  # training_mode != 0: batch statistics; else input_mean / input_var
+    epsilon: float
+    momentum: float
+    io_type: int  # element type of X, scale, B, Y
+    stat_type: int  # element type of input_mean, input_var and the statistics outputs
+    rank: int | None  # None: unknown (viewed as [N, C, -1])
+    x_shape: tuple | None = None  # static dims (int | str | None), used to fold 1/M into a constant
+
+
+def compute_type(*types: int) -> int:
+    """f64 computes in f64; everything else (f32, and f16/bf16 cast up once) in f32."""
+    return TensorProto.DOUBLE if TensorProto.DOUBLE in types else TensorProto.FLOAT
+
+
+class _Emitter:
+    def __init__(self, b: NodeBuilder, plan: BatchNormInternalPlan) -> None:
+        self.b = b
+        self.p = plan
+        self.ct = compute_type(plan.io_type, plan.stat_type)
+        self.np_ct = _NP_OF[self.ct]
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def scalar(self, value: float, hint: str) -> str:
+        return self.b.const(np.array(value, dtype=self.np_ct), hint=hint)
+
+    def ints(self, values: list[int] | int, hint: str = "shape") -> str:
+        return self.b.const(np.array(values, dtype=np.int64), hint=hint)
+
+    def up(self, name: str, from_type: int) -> str:
+        return name if from_type == self.ct else self.b.op1("Cast", [name], to=self.ct)
+
+    def reduce(self, op_type: str, x: str, axes: tuple[int, ...]) -> str:
+        if self.b.opset < _AXES_INPUT_SINCE[op_type]:
+            return self.b.op1(op_type, [x], axes=list(axes), keepdims=1)
+        return self.b.op1(op_type, [x, self.ints(list(axes), "axes")], keepdims=1)
+
+    def finish(self, op_type: str, inputs: list[str], output: str, out_type: int) -> None:
+        """The last op of a result writes the requested name, through one Cast when the types differ."""
+        if out_type == self.ct:
+            self.b.op1(op_type, inputs, output)
+        else:
+            self.b.op1("Cast", [self.b.op1(op_type, inputs)], output, to=out_type)
+
+    def inv_count(self, x: str) -> str:
+        """1/M (elements per channel): a constant when the reduced dims are static, else Size(x) / C.
+
+        C is read from x's (compute-type) shape: onnxruntime has no Size kernel for bf16.
+        """
+        p = self.p
+        if p.x_shape is not None and p.rank is not None and len(p.x_shape) == p.rank:
+            reduced = [p.x_shape[a] for a in range(p.rank) if a != 1]
+            if all(isinstance(d, int) for d in reduced):
+                return self.scalar(1.0 / max(1, math.prod(reduced)), "inv_m")
+        channels = self.b.op1("Gather", [self.b.op1("Shape", [x]), self.ints(1, "channel_axis")], axis=0)
+        count = self.b.op1("Div", [self.b.op1("Size", [x]), channels])
+        return self.b.op1("Reciprocal", [self.b.op1("Cast", [count], to=self.ct)])
+
+    # -- the lowering ----------------------------------------------------------------------------
+    def emit(self) -> None:
+        p, b = self.p, self.b
+        for what, t in (("X", p.io_type), ("input_mean", p.stat_type)):
+            if t not in _FLOAT_TYPES:
+                raise LoweringError(f"BatchNormInternal: {what} has element type {t}; expected a float type")
+        if p.rank is not None and p.rank < 2:
+            raise LoweringError(f"BatchNormInternal: X has rank {p.rank}; expected 2 or more")
+        wants_stats = any(n is not None for n in (p.running_mean, p.running_var, p.saved_mean, p.saved_inv_std))
+        if not p.training and wants_stats:
+            raise LoweringError("BatchNormInternal: training_mode 0 produces Y only")
+        if p.y is None and not wants_stats:
+            return
+
+        x = self.up(p.x, p.io_type)
+        restore = None
+        if p.rank is None:
+            # [N, C, ...] viewed as [N, C, -1]: reduce over axes 0 and 2, per-channel vectors as [C, 1]
+            restore = b.op1("Shape", [p.x])
+            x = b.op1("Reshape", [x, self.ints([0, 0, -1])])
+            axes, view_shape = (0, 2), [-1, 1]
+        else:
+            axes = (0, *range(2, p.rank))
+            view_shape = [-1] + [1] * (p.rank - 2)
+
+        def per_channel(name: str, elem_type: int) -> str:
+            v = self.up(name, elem_type)
+            return v if len(view_shape) == 1 else b.op1("Reshape", [v, self.ints(view_shape)])
+
+        eps = self.scalar(p.epsilon, "epsilon")
+        if p.training:
+            mean = self.reduce("ReduceMean", x, axes)  # keepdims: [1, C, 1, ...]
+            centred = b.op1("Sub", [x, mean])
+            variance = b.op1("Mul", [self.reduce("ReduceSumSquare", centred, axes),
+                                     self.inv_count(x)])
+        else:
+            mean = per_channel(p.input_mean, p.stat_type)
+            centred = b.op1("Sub", [x, mean]) if p.y is not None else None
+            variance = per_channel(p.input_var, p.stat_type)
+        inv_std = b.op1("Reciprocal", [b.op1("Sqrt", [b.op1("Add", [variance, eps])])])
+
+        if p.y is not None:
+            a = b.op1("Mul", [inv_std, per_channel(p.scale, p.io_type)])
+            y_inputs = [b.op1("Mul", [centred, a]), per_channel(p.bias, p.io_type)]
+            if restore is None:
+                self.finish("Add", y_inputs, p.y, p.io_type)
+            else:
+                self.finish("Reshape", [b.op1("Add", y_inputs), restore], p.y, p.io_type)
+
+        flat = self.ints([-1]) if wants_stats else None
+        if p.saved_mean is not None:
+            self.finish("Reshape", [mean, flat], p.saved_mean, p.stat_type)
+        if p.saved_inv_std is not None:
+            self.finish("Reshape", [inv_std, flat], p.saved_inv_std, p.stat_type)
+        if p.running_mean is None and p.running_var is None:
+            return
+        keep = self.scalar(p.momentum, "momentum")
+        take = self.scalar(1.0 - p.momentum, "one_minus_momentum")
+        for running, old, batch in ((p.running_mean, p.input_mean, mean), (p.running_var, p.input_var, variance)):
+            if running is None:
+                continue
+            batch_flat = b.op1("Reshape", [batch, flat])
+            kept = b.op1("Mul", [self.up(old, p.stat_type), keep])
+            self.finish("Add", [kept, b.op1("Mul", [batch_flat, take])], running, p.stat_type)
+
+
+def emit_batch_norm_internal(b: NodeBuilder, plan: BatchNormInternalPlan) -> None:
+    """Emit into ``b`` the nodes computing the outputs ``plan`` names (spec: BatchNormInternal.rst)."""
+    _Emitter(b, plan).emit()
+
+
+# -- the registered rule -----------------------------------------------------------------------------
+
+_INPUT_ROLES = ("src", "gamma", "beta", "input_mean", "input_var")
+_OUTPUT_ROLES = ("dst", "running_mean", "running_var", "saved_mean", "saved_inv_std")
+
+
+def _attribute(request: LoweringRequest, role: str) -> object:
+    inference = request.inference
+    name = inference.binding.arg(role)
+    if name is None:
+        raise LoweringError(f"{inference.op_type}: bindings.json names no attribute for role {role!r}")
+    value = inference.attributes.get(name)
+    return inference.schema.attribute(name).default if value is None else value
+
+
+def _input_type(request: LoweringRequest, role: str):
+    inference = request.inference
+    return inference.input_types[inference.schema.input_index(inference.binding.arg(role))]
+
+
+@register_rule("batch_norm_internal")
+def lower_batch_norm_internal(b: NodeBuilder, request: LoweringRequest) -> None:
+    """BatchNormInternal -> standard ONNX; outputs nobody consumes are not computed."""
+    inference = request.inference
+    inputs = {role: request.input(role) for role in _INPUT_ROLES}
+    missing = [role for role, name in inputs.items() if name is None]
+    if missing:
+        raise LoweringError(f"{inference.op_type} '{inference.node_name}': inputs for {missing} are missing")
+    x_type, stat_type = _input_type(request, "src"), _input_type(request, "input_mean")
+    if x_type is None or x_type.elem_type is None or stat_type is None or stat_type.elem_type is None:
+        raise LoweringError(f"{inference.op_type} '{inference.node_name}': the element types of X and "
+                            "input_mean must be known to lower it")
+    epsilon = inference.epsilon if inference.epsilon is not None else _attribute(request, "epsilon")
+    plan = BatchNormInternalPlan(
+        x=inputs["src"], scale=inputs["gamma"], bias=inputs["beta"],
+        input_mean=inputs["input_mean"], input_var=inputs["input_var"],
+        y=request.output("dst"), running_mean=request.output("running_mean"),
+        running_var=request.output("running_var"), saved_mean=request.output("saved_mean"),
+        saved_inv_std=request.output("saved_inv_std"),
+        training=int(_attribute(request, "training_mode")) != 0,
+        epsilon=float(epsilon), momentum=float(_attribute(request, "momentum")),
+        io_type=x_type.elem_type, stat_type=stat_type.elem_type,
+        rank=inference.rank if inference.rank is not None else x_type.rank,
+        x_shape=x_type.shape,
+    )
+    emit_batch_norm_internal(b, plan)

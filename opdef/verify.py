@@ -17,6 +17,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import AttributeProto, TensorProto, helper
 
@@ -205,6 +206,8 @@ def _attribute_value(ctx: NodeContext, spec: Attribute, attr: AttributeProto) ->
         value = helper.get_attribute_value(attr)
     except Exception as exc:  # onnx raises on UNDEFINED or malformed attributes
         raise ctx.error(f"attribute '{spec.name}' cannot be read ({actual_name}: {exc})") from None
+    if attr.type in (AttributeProto.FLOAT, AttributeProto.FLOATS):
+        value = [_short_float(v) for v in value] if isinstance(value, list) else _short_float(value)
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
     elif isinstance(value, list) and value and isinstance(value[0], bytes):
@@ -222,6 +225,12 @@ def _attribute_value(ctx: NodeContext, spec: Attribute, attr: AttributeProto) ->
         allowed = ", ".join(str(v) for v in spec.allowed_values)
         raise ctx.error(f"attribute '{spec.name}' is {value!r}; allowed: {allowed}")
     return value
+
+
+def _short_float(value: float) -> float:
+    """ONNX stores float attributes as float32: 1e-5 reads back as 9.99999974e-06. Give the shortest decimal
+    that is the same float32 (1e-05), which is what the model's author wrote."""
+    return float(str(np.float32(value)))
 
 
 def _allowed(value: Any, allowed: tuple[Any, ...]) -> bool:

@@ -51,12 +51,12 @@ def batch_norm_backward(ctx: NodeContext) -> RuleResult:
     _same_element_type(ctx, [src, diff_dst])
     data_shape = _data_shape(ctx, src, diff_dst)
     rank = None if data_shape is None else len(data_shape)
-    channel_axis_of = _layout(ctx)  # rank -> channel axis, or None for stats_broadcast
-    _check_rank(ctx, src, data_shape, channel_axis_of)
+    layout = _layout(ctx)
+    _check_rank(ctx, src, data_shape, layout)
 
     stats = _statistics(ctx)
     _same_element_type(ctx, stats)
-    if channel_axis_of is None:
+    if layout is None:
         stat_shape, rank = _broadcast_stats(ctx, stats, src, data_shape)
         reduce_axes = None
         channel_axis = None
@@ -67,7 +67,7 @@ def batch_norm_backward(ctx: NodeContext) -> RuleResult:
         if data_shape is None and stat_shape is not None:
             data_shape = (None,) * len(stat_shape)
     else:
-        channel_axis = None if rank is None else channel_axis_of(rank)
+        channel_axis = 1 if layout == "first" else None if rank is None else rank - 1
         stat_shape = _channel_stats(ctx, stats, src, data_shape, channel_axis)
         reduce_axes = None if rank is None else tuple(i for i in range(rank) if i != channel_axis)
 
@@ -97,27 +97,27 @@ def _epsilon(ctx: NodeContext, name: str) -> float:
     return float(value)
 
 
-def _layout(ctx: NodeContext):
-    """A function rank -> channel axis; None for the stats_broadcast layout (decided by the statistics)."""
+def _layout(ctx: NodeContext) -> str | None:
+    """Where the channel axis is: "first" (axis 1), "last", or None when the statistics decide (stats_broadcast)."""
     binding = ctx.binding
     if binding.layout == "channel_first":
-        return lambda rank: 1
+        return "first"
     if binding.layout == "stats_broadcast":
         return None
     attr = binding.layout_attribute
     value = ctx.attributes.get(attr)
     if value not in DATA_FORMATS:
         raise ctx.error(f"{attr} is {value!r}; expected one of {', '.join(DATA_FORMATS)}")
-    return (lambda rank: 1) if value == "NCX" else (lambda rank: rank - 1)
+    return "first" if value == "NCX" else "last"
 
 
-def _check_rank(ctx: NodeContext, src: str, data_shape, channel_axis_of) -> None:
+def _check_rank(ctx: NodeContext, src: str, data_shape, layout: str | None) -> None:
     if data_shape is None:
         return
     rank = len(data_shape)
     binding = ctx.binding
     limits = []
-    if channel_axis_of is not None and channel_axis_of(2) == 1:
+    if layout == "first":
         limits.append((2, None, "channel axis 1 needs rank >= 2"))
     limits.append((binding.min_rank, binding.max_rank, f"binding of {binding.domain}::{binding.op_type}"))
     for lo, hi, why in limits:

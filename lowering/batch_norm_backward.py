@@ -65,7 +65,7 @@ def plan_batch_norm_backward(request: LoweringRequest) -> BatchNormBackwardPlan:
         diff_gamma=request.output("diff_gamma"),
         diff_beta=request.output("diff_beta"),
         rank=node.rank,
-        channel_axis=node.channel_axis,
+        channel_axis=_channel_axis(node, binding),
         reduce_axes=node.reduce_axes,
         stats_keep_rank=binding.layout == "stats_broadcast",
         statistics=statistics,
@@ -96,6 +96,16 @@ def both_or_neither(schema: OpSchema, binding: Binding) -> bool:
         if says_it and all(n in mentioned for n in names):
             return True
     return False
+
+
+def _channel_axis(node: NodeInference, binding: Binding) -> int | None:
+    """The verifier's channel axis. Keep-rank statistics (DirectML) may have none (every axis reduced, or
+    several kept); bn_emit only range-checks it there (the reduce axes decide), so the first kept axis
+    (or 0) stands in. TODO: drop once bn_emit accepts None with stats_keep_rank."""
+    if node.channel_axis is not None or binding.layout != "stats_broadcast" or node.rank is None:
+        return node.channel_axis
+    kept = [a for a in range(node.rank) if a not in (node.reduce_axes or ())]
+    return kept[0] if kept else 0
 
 
 def _required(request: LoweringRequest, role: str) -> str:

@@ -17,6 +17,8 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import lowering.batch_norm_internal  # noqa: F401  (registers the lowering rule "batch_norm_internal")
@@ -200,6 +202,23 @@ def test_verify_batch_norm_internal_c5_inference_mode_outputs():
         _infer(_bni_node(outputs=("Y", "", "", "sm"), training_mode=0), _bni_types())
 
 
+@given(dims=st.lists(st.one_of(st.integers(1, 6), st.sampled_from(["N", "H"])), min_size=2, max_size=5),
+       stat_sizes=st.lists(st.integers(1, 6), min_size=4, max_size=4))
+def test_verify_batch_norm_internal_shapes_property(dims, stat_sizes):
+    types = _bni_types(x=tuple(dims), stats=dict(zip(("scale", "B", "mean", "var"),
+                                                     [(c,) for c in stat_sizes], strict=True)))
+    channels = dims[1]
+    consistent = len(set(stat_sizes)) == 1 and (not isinstance(channels, int) or channels == stat_sizes[0])
+    if consistent:
+        inference = _infer(_bni_node(), types)
+        out = dict(zip(inference.outputs, inference.output_types, strict=True))
+        assert out["Y"].shape == tuple(dims)
+        assert out["sis"].shape == (stat_sizes[0],)
+    else:
+        with pytest.raises(VerificationError, match=r"\[C2\]"):
+            _infer(_bni_node(), types)
+
+
 def test_verify_gradient_wrong_stat_shape():
     node = helper.make_node("BatchNormalizationGrad", ["dY", "X", "scale", "sm", "sis"],
                             ["dX", "dscale", "dB"], name="bng", domain=MS, epsilon=1e-5)
@@ -378,7 +397,7 @@ def _training_slice(opset, shape, t, epsilon=1e-5, momentum=0.9):
 
 @pytest.mark.parametrize("opset", [12, 17])
 @pytest.mark.parametrize("shape", [(6, 3), (2, 3, 4, 5)])
-@pytest.mark.parametrize("t", [F32, F16])
+@pytest.mark.parametrize("t", [F32, F16, F64])
 def test_training_slice_lowers_and_matches_float64(opset, shape, t):
     model = _training_slice(opset, shape, t)
     lowered = _lower(model)
@@ -405,6 +424,46 @@ def test_training_slice_lowers_and_matches_float64(opset, shape, t):
     close(got["X_grad"], bw["diff_src"], t, "X_grad")
     close(got["scale_grad"], bw["diff_gamma"], t, "scale_grad")
     close(got["bias_grad"], bw["diff_beta"], t, "bias_grad")
+
+
+def test_training_slice_gradient_matches_finite_differences():
+    # L(X) = sum(dR * Relu(BatchNormInternal(X).Y)); BatchNormalizationGrad's X_grad is dL/dX, in float64
+    shape = (3, 2, 4)
+    lowered = _lower(_training_slice(17, shape, F64))
+    rng = np.random.default_rng(5)
+    feeds = {"X": rng.normal(size=shape), "scale": rng.normal(size=2), "B": rng.normal(size=2),
+             "running_mean": np.zeros(2), "running_var": np.ones(2), "dR": rng.normal(size=shape)}
+
+    def loss(x):
+        out = run_model(lowered, {**feeds, "X": x}, ["R"])
+        return float(np.sum(out["R"] * feeds["dR"]))
+
+    x_grad = run_model(lowered, feeds, ["X_grad"])["X_grad"]
+    h = 1e-6
+    for index in [(0, 0, 0), (1, 1, 2), (2, 0, 3), (0, 1, 1)]:
+        step = np.zeros(shape)
+        step[index] = h
+        numeric = (loss(feeds["X"] + step) - loss(feeds["X"] - step)) / (2 * h)
+        assert abs(numeric - x_grad[index]) <= 1e-6 * max(1.0, abs(numeric)), index
+
+
+@pytest.mark.parametrize("opset", [12, 17])
+def test_inference_mode_batch_norm_internal_lowers(opset):
+    shape = (2, 3, 4)
+    node = helper.make_node("BatchNormInternal", ["X", "scale", "B", "mean", "var"], ["Y"], name="bn_eval",
+                            domain=MS, epsilon=1e-3, training_mode=0)
+    graph = helper.make_graph([node], "eval", [vi("X", F32, list(shape)), vi("scale", F32, [3]), vi("B", F32, [3]),
+                                               vi("mean", F32, [3]), vi("var", F32, [3])], [vi("Y", F32, list(shape))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
+    model.ir_version = 10
+    lowered = _lower(model)
+    onnx.checker.check_model(lowered, full_check=True)
+    assert {n.op_type for n in lowered.graph.node}.isdisjoint({"ReduceMean", "ReduceSumSquare"})
+    feeds = _forward_data(shape, F32, F32)
+    got = run_model(lowered, feeds)["Y"]
+    want = reference.batch_norm_forward(feeds["X"], feeds["mean"], feeds["var"], feeds["scale"], feeds["B"],
+                                        epsilon=1e-3, reduce_axes=(0, 2))
+    close(got, want, F32, "Y")
 
 
 def test_unused_forward_outputs_are_not_computed():

@@ -430,8 +430,11 @@ class PreparedModel:
         return names
 
     def _needs_binding(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> bool:
-        return any(a.dtype in _BIT_DTYPES for a in feeds.values()) or any(
-            self.outputs[n].elem_type in _BIT_TYPES or self.outputs[n].elem_type is None for n in names)
+        """Whether bf16/float8 tensors are involved (onnxruntime's own output types: declared ones may be absent)."""
+        if any(a.dtype in _BIT_DTYPES for a in feeds.values()):
+            return True
+        types = {o.name: o.type for o in self._session.get_outputs()}
+        return any(types.get(n) in _ORT_TYPE_NAME for n in names)
 
     def run(self, feeds: Mapping[str, object], output_names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         """Run once; returns {output name: array} (bf16 outputs as ml_dtypes.bfloat16 arrays)."""

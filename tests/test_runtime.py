@@ -242,3 +242,21 @@ def test_bind_checks_output_buffers():
         prepared.run_bound()
     with pytest.raises(RuntimeFailure, match="before bind"):
         PreparedModel(_bf16_model()).run_bound()
+
+
+def test_sequence_outputs_and_untyped_bf16_outputs():
+    # A sequence output goes through the plain path; an output declared without a type that turns out
+    # to be bf16 still comes back as ml_dtypes.bfloat16.
+    split = helper.make_node("SplitToSequence", ["x"], ["parts"], axis=0)
+    cast = helper.make_node("Cast", ["x"], ["b"], to=BF16)
+    graph = helper.make_graph([split, cast], "g", [_vi("x", F32, [2, 2])],
+                              [helper.make_tensor_sequence_value_info("parts", F32, None),
+                               helper.make_value_info("b", onnx.TypeProto())])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    out = run_model(model, {"x": x}, ["parts"])
+    assert isinstance(out["parts"], list) and len(out["parts"]) == 2
+    np.testing.assert_array_equal(out["parts"][1], x[1:])
+    b = run_model(model, {"x": x}, ["b"])["b"]
+    assert b.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(b.astype(np.float32), x)

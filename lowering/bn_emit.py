@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from lowering.builder import NodeBuilder
 from opdef.errors import LoweringError
@@ -87,6 +87,10 @@ class _Emitter:
         wants_dx, wants_dg, wants_db = p.diff_src is not None, p.diff_gamma is not None, p.diff_beta is not None
         if not (wants_dx or wants_dg or wants_db):
             return
+        layout = self.fast_layout()
+        if layout is not None:
+            _Fast(self, layout).emit()
+            return
         frozen = p.statistics == "frozen"
 
         x = self.cast(p.src, p.io_type, self.ct)
@@ -141,6 +145,20 @@ class _Emitter:
             dx = b.op1(dx_inputs[0], dx_inputs[1])
             self.finish("Reshape", [dx, restore], p.diff_src, p.io_type)
 
+    def fast_layout(self) -> str | None:
+        """'NCX' / 'NXC' when the tuned formulations apply (per-channel [C] stats, channel axis 1 or last)."""
+        p = self.p
+        if p.stats_keep_rank or p.reduce_axes is not None and p.rank is not None and tuple(sorted(
+                p.reduce_axes)) != tuple(a for a in range(p.rank) if a != p.channel_axis):
+            return None
+        if p.rank is None:
+            return "NXC" if p.channel_last or p.channel_axis is None else ("NCX" if p.channel_axis == 1 else None)
+        if p.rank >= 2 and p.channel_axis == p.rank - 1:
+            return "NXC"
+        if p.rank >= 3 and p.channel_axis == 1:
+            return "NCX"
+        return None
+
     def finish_param(self, op_type: str, inputs: list[str], out_shape: str | None, output: str) -> None:
         if out_shape is not None:
             op_type, inputs = "Reshape", [inputs[0], out_shape]
@@ -193,6 +211,152 @@ class _Emitter:
         mean = self.cast(p.mean, p.stat_type, self.ct)
         count = b.op1("Div", [b.op1("Size", [x]), b.op1("Size", [mean])])
         return b.op1("Reciprocal", [b.op1("Cast", [count], to=self.ct)])
+
+
+class _Fast:
+    """The tuned formulation for per-channel [C] statistics with the channel axis second (NCX) or last (NXC).
+
+    The tensors are viewed as [N, C, X] (NCX) or [M, C] (NXC); Reshape aliases, so views cost nothing.
+    With xc = x - mean (centred before any product: exact when |mean| >> std) and per-channel vectors
+    S1 = sum(dy), S2 = sum(dy*xc):  diff_beta = S1, diff_gamma = inv*S2 and
+    diff_src = a*dy + b*xc + c with a = gamma*inv, b = -a*inv*diff_gamma/M, c = -a*S1/M.
+    Passes over tensor-sized data (read + write counts, f32 units), batch statistics:
+    Sub xc 2, Mul dy*xc 3, the two sums 1 + 1 (ReduceSum over axes 0, 2 for NCX; a MatMul with a ones
+    row for NXC, where a ReduceSum that keeps the last axis is slow), then diff_src:
+    "affine" (NCX): BatchNormalization as a per-channel affine b*xc + c 2, Mul a*dy 2, Add 3;
+    "muladd": Mul 2, Mul 2, Add 3, Add 2 (per-channel vectors broadcast along the contiguous axis).
+    f16/bf16 add one Cast per input and one for diff_src.
+    """
+
+    def __init__(self, e: _Emitter, layout: str, dx_form: str | None = None) -> None:
+        self.e, self.b, self.p = e, e.b, e.p
+        self.layout = layout
+        self.dx_form = dx_form or DX_FORM.get(layout, "muladd")
+
+    def static_dim(self, axis: int | None) -> int | None:
+        p = self.p
+        if p.src_shape is None or p.rank is None or axis is None or len(p.src_shape) != p.rank:
+            return None
+        d = p.src_shape[axis]
+        return d if isinstance(d, int) and d > 0 else None
+
+    def static_count(self) -> int | None:
+        p = self.p
+        if p.rank is None or p.src_shape is None or len(p.src_shape) != p.rank:
+            return None
+        dims = [p.src_shape[a] for a in range(p.rank) if a != p.channel_axis]
+        if not all(isinstance(d, int) and d >= 0 for d in dims):
+            return None
+        return int(np.prod(dims, dtype=np.int64))
+
+    def views(self):
+        """src and diff_dst as [N, C, X] / [M, C] (before any Cast: Reshape takes bf16 and aliases)."""
+        p, b, e = self.p, self.b, self.e
+        ncx = self.layout == "NCX"
+        if p.rank == (3 if ncx else 2):
+            return p.src, p.diff_dst, None
+        if ncx:
+            shape = e.ints([0, 0, -1])
+        else:
+            c = self.static_dim(p.channel_axis)
+            shape = e.ints([-1, c]) if c else b.op1("Concat", [e.ints([-1]), b.op1("Shape", [p.mean])], axis=0)
+        restore = b.op1("Shape", [p.src])
+        return b.op1("Reshape", [p.src, shape]), b.op1("Reshape", [p.diff_dst, shape]), restore
+
+    def channel_sum(self, t: str, rows: str, output: str | None) -> str:
+        """Per-channel sum of a viewed tensor as a [C] vector."""
+        b, e = self.b, self.e
+        if self.layout == "NCX":
+            return e.reduce_sum(t, (0, 2), keepdims=0, output=output)
+        return b.op1("Reshape", [b.op1("MatMul", [rows, t]), e.ints([-1])], output)
+
+    def ones_row(self, x_view: str) -> str | None:
+        if self.layout != "NXC":
+            return None
+        b, e = self.b, self.e
+        m = self.static_count()
+        shape = e.ints([1, m]) if m is not None else b.op1(
+            "Concat", [e.ints([1]), b.op1("Slice", [b.op1("Shape", [x_view]), e.ints([0]), e.ints([1])])], axis=0)
+        one = numpy_helper.from_array(np.ones(1, dtype=e.np_ct), "one")
+        return b.op1("ConstantOfShape", [shape], value=one)
+
+    def emit(self) -> None:
+        p, b, e = self.p, self.b, self.e
+        ct, low = e.ct, p.io_type != e.ct
+        frozen = p.statistics == "frozen"
+        wants_dx, wants_dg, wants_db = p.diff_src is not None, p.diff_gamma is not None, p.diff_beta is not None
+        need_s1 = wants_db or (wants_dx and not frozen)
+        need_s2 = wants_dg or (wants_dx and not frozen)
+        direct = p.stat_type == ct  # sums may write the requested names themselves
+
+        x_view, dy_view, restore = self.views()
+        dy = e.cast(dy_view, p.io_type, ct)
+
+        def vec(name: str | None) -> str | None:
+            return None if name is None else e.cast(name, p.stat_type, ct)
+
+        def bcast(v: str) -> str:
+            return b.op1("Reshape", [v, e.ints([-1, 1])]) if self.layout == "NCX" else v
+
+        stat = vec(p.stat)
+        gamma = None if p.gamma is None else vec(p.gamma)
+        if p.stat_input == "inv_std":
+            inv = stat
+        else:
+            inv = b.op1("Reciprocal", [b.op1("Sqrt", [b.op1("Add", [stat, e.scalar(p.epsilon, "eps")])])])
+        a = inv if gamma is None else b.op1("Mul", [gamma, inv])
+
+        rows = self.ones_row(x_view) if (need_s1 or need_s2) else None
+        s1 = s2 = xc = x = mean = None
+        if need_s1:
+            s1 = self.channel_sum(dy, rows, p.diff_beta if direct else None)
+            if wants_db and not direct:
+                b.op1("Cast", [s1], p.diff_beta, to=p.stat_type)
+        if need_s2:
+            x = e.cast(x_view, p.io_type, ct)
+            mean = vec(p.mean)
+            xc = b.op1("Sub", [x, bcast(mean)])
+            s2 = self.channel_sum(b.op1("Mul", [dy, xc]), rows, None)
+            dgamma = b.op1("Mul", [inv, s2], p.diff_gamma if wants_dg and direct else None)
+            if wants_dg and not direct:
+                b.op1("Cast", [dgamma], p.diff_gamma, to=p.stat_type)
+        if not wants_dx:
+            return
+        if frozen:
+            self.final(restore, low, "Mul", [dy, bcast(a)])
+            return
+        m = self.static_count()
+        if m is not None:
+            inv_m = e.scalar(1.0 / max(m, 1), "inv_m")
+        else:
+            count = b.op1("Div", [b.op1("Size", [x]), b.op1("Size", [mean])])
+            inv_m = b.op1("Reciprocal", [b.op1("Cast", [count], to=ct)])
+        a_m = b.op1("Mul", [a, inv_m])
+        # b = -a*inv*inv*S2/M, c = -a*S1/M
+        coef_b = b.op1("Neg", [b.op1("Mul", [b.op1("Mul", [a_m, inv]), b.op1("Mul", [inv, s2])])])
+        coef_c = b.op1("Neg", [b.op1("Mul", [a_m, s1])])
+        ady = b.op1("Mul", [dy, bcast(a)])
+        if self.dx_form == "affine":
+            zeros = b.op1("Sub", [coef_c, coef_c])
+            ones = b.op1("Add", [zeros, e.scalar(1.0, "one")])
+            v = b.op1("BatchNormalization", [xc, coef_b, coef_c, zeros, ones], epsilon=0.0)
+            self.final(restore, low, "Add", [ady, v])
+        else:
+            v = b.op1("Mul", [xc, bcast(coef_b)])
+            self.final(restore, low, "Add", [b.op1("Add", [ady, v]), bcast(coef_c)])
+
+    def final(self, restore: str | None, low: bool, op_type: str, inputs: list[str]) -> None:
+        """diff_src's last op writes the requested name (through the one Cast and the Reshape back)."""
+        b, p = self.b, self.p
+        t = b.op1(op_type, inputs, p.diff_src if not low and restore is None else None)
+        if low:
+            t = b.op1("Cast", [t], p.diff_src if restore is None else None, to=p.io_type)
+        if restore is not None:
+            b.op1("Reshape", [t, restore], p.diff_src)
+
+
+# diff_src formulation per layout, chosen by measurement (see _Fast)
+DX_FORM = {"NCX": "affine", "NXC": "affine"}
 
 
 def emit_batch_norm_backward(b: NodeBuilder, plan: BatchNormBackwardPlan) -> None:

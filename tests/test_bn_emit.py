@@ -178,3 +178,16 @@ def test_nothing_requested_emits_nothing():
         "x", "dy", "m", "v", None, None, None, None, rank=4, channel_axis=1, reduce_axes=None,
         stats_keep_rank=False, statistics="batch", stat_input="variance", epsilon=1e-5, io_type=F32, stat_type=F32))
     assert b.nodes == []
+
+
+@pytest.mark.parametrize("form", ["affine", "muladd"])
+@pytest.mark.parametrize("layout", ["NCX", "NXC"])
+@pytest.mark.parametrize("io_type", [F32, BF16])
+def test_every_dx_formulation(monkeypatch, form, layout, io_type):
+    import lowering.bn_emit as bn_emit
+
+    monkeypatch.setitem(bn_emit.DX_FORM, layout, form)
+    check((4, 6, 5, 3) if layout == "NCX" else (4, 5, 3, 6), channel_axis=1 if layout == "NCX" else 3,
+          io_type=io_type)
+    check((4, 6, 5, 3) if layout == "NCX" else (4, 5, 3, 6), channel_axis=1 if layout == "NCX" else 3,
+          io_type=io_type, offset=1e4, symbolic=True, tol=2e-5 if io_type == F32 else None)

@@ -1,0 +1,288 @@
+"""The performance table (DESIGN.md section 7): lowered batch-norm backward in onnxruntime vs. memory and torch.
+
+Every benchmark model goes through the real pass (``lowering.lower_model`` on a oneDNN Graph
+``BatchNormTrainingBackward`` node). Timing follows DESIGN.md section 7: outputs preallocated on both sides
+(IOBinding into caller-owned buffers; glibc told to keep freed memory so torch's fresh outputs do not
+page-fault), rounds interleaved with short pauses, medians quoted. torch is used only when importable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import platform
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+RESNET50 = ((64, 112), (256, 56), (64, 56), (512, 28), (128, 28), (1024, 14), (256, 14), (2048, 7), (512, 7))
+QUICK = ((64, 56), (256, 14), (512, 7))
+TINY = ((4, 5),)
+BATCH = 32
+DTYPES = {"f32": TensorProto.FLOAT, "bf16": TensorProto.BFLOAT16, "f16": TensorProto.FLOAT16}
+NP_DTYPES = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16}
+TENSOR_PASSES = 5  # a fused kernel reads src and diff_dst twice and writes diff_src once
+PAUSE = 0.02  # seconds between timed runs: onnxruntime's workers spin briefly after a run
+
+
+@dataclass
+class CaseResult:
+    layout: str
+    dtype: str
+    channels: int
+    size: int  # H = W
+    batch: int
+    ms: float
+    gbps: float  # effective: 5 tensor sizes / time
+    vs_bound: float  # time / (5 tensor sizes at the copy bandwidth)
+    torch_ms: float | None = None
+    vs_torch: float | None = None
+
+
+def onednn_model(shape: tuple[int, ...], layout: str, io_type: int, stat_type: int = TensorProto.FLOAT,
+                 nodes: int = 1, opset: int = 17) -> onnx.ModelProto:
+    """``nodes`` oneDNN Graph BatchNormTrainingBackward nodes sharing their inputs, all outputs requested."""
+    channels = shape[1] if layout == "NCX" else shape[-1]
+    vi = helper.make_tensor_value_info
+    inputs = [vi("src", io_type, shape), vi("diff_dst", io_type, shape)] + [
+        vi(name, stat_type, [channels]) for name in ("mean", "variance", "gamma")]
+    graph_nodes, outputs = [], []
+    for i in range(nodes):
+        names = [f"diff_src_{i}", f"diff_gamma_{i}", f"diff_beta_{i}"]
+        graph_nodes.append(helper.make_node("BatchNormTrainingBackward", ["src", "diff_dst", "mean", "variance",
+                                                                          "gamma"], names, name=f"bn_{i}",
+                                            domain="onednn", epsilon=1e-5, data_format=layout))
+        outputs += [vi(names[0], io_type, shape), vi(names[1], stat_type, [channels]),
+                    vi(names[2], stat_type, [channels])]
+    graph = helper.make_graph(graph_nodes, "bench", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("onednn", 1)])
+    model.ir_version = 10
+    return model
+
+
+def lowered_model(shape, layout, io_type, stat_type=TensorProto.FLOAT, nodes=1) -> onnx.ModelProto:
+    from lowering import lower_model
+
+    return lower_model(onednn_model(shape, layout, io_type, stat_type, nodes))
+
+
+def keep_freed_memory() -> None:
+    """Stop glibc from unmapping big freed blocks, so a fresh output reuses warm pages (no page faults)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-4, 0)  # M_MMAP_MAX: serve big blocks from the heap
+        libc.mallopt(-1, 1 << 40)  # M_TRIM_THRESHOLD: never give the heap back
+    except (OSError, AttributeError):
+        pass
+
+
+def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 5) -> float:
+    """Copy bandwidth in GB/s counting bytes read + written (best of one and two threads)."""
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    halves = [(src[: len(src) // 2], dst[: len(src) // 2]), (src[len(src) // 2:], dst[len(src) // 2:])]
+
+    def two_threads() -> None:
+        threads = [threading.Thread(target=np.copyto, args=(d, s)) for s, d in halves]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    best = 0.0
+    for fn in (lambda: np.copyto(dst, src), two_threads):
+        fn()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        best = max(best, 2 * nbytes / statistics.median(times) / 1e9)
+    return best
+
+
+def _torch():
+    try:
+        return importlib.import_module("torch")
+    except Exception:  # torch is optional; a broken install counts as absent
+        return None
+
+
+def _torch_runner(torch, x: np.ndarray, dy: np.ndarray, layout: str, dtype: str) -> Callable[[], object]:
+    tdtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+
+    def tensor(a: np.ndarray):
+        t = torch.from_numpy(a.astype(np.float32)).to(tdtype)
+        return t.permute(0, 3, 1, 2) if layout == "NXC" else t  # NXC: a channels_last NCHW tensor
+
+    tx, tdy = tensor(x), tensor(dy)
+    channels = tx.shape[1]
+    mean, invstd, weight = torch.zeros(channels), torch.ones(channels), torch.ones(channels)
+    op = torch.ops.aten.native_batch_norm_backward
+
+    def run():
+        return op(tdy, tx, weight, None, None, mean, invstd, True, 1e-5, [True, True, True])
+
+    return run
+
+
+def _median_ms(times: list[float]) -> float:
+    return statistics.median(times) * 1e3
+
+
+def time_case(layout: str, dtype: str, channels: int, size: int, batch: int, reps: int, bandwidth: float,
+              torch=None) -> CaseResult:
+    from runtime.session import PreparedModel
+
+    shape = (batch, channels, size, size) if layout == "NCX" else (batch, size, size, channels)
+    io_type = DTYPES[dtype]
+    model = lowered_model(shape, layout, io_type)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape, dtype=np.float32).astype(NP_DTYPES[dtype])
+    dy = rng.standard_normal(shape, dtype=np.float32).astype(NP_DTYPES[dtype])
+    vec = np.ones(channels, np.float32)
+    feeds = {"src": x, "diff_dst": dy, "mean": vec * 0, "variance": vec, "gamma": vec}
+    outputs = {"diff_src_0": np.empty(shape, x.dtype), "diff_gamma_0": np.empty_like(vec),
+               "diff_beta_0": np.empty_like(vec)}
+    prepared = PreparedModel(model)
+    prepared.bind(feeds, outputs)
+    runners = {"ort": prepared.run_bound}
+    if torch is not None:
+        runners["torch"] = _torch_runner(torch, x, dy, layout, dtype)
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    for _ in range(2):  # warm-up: pages, arenas, thread pools
+        for fn in runners.values():
+            fn()
+    for _ in range(reps):  # interleaved rounds with pauses
+        for key, fn in runners.items():
+            time.sleep(PAUSE)
+            t0 = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t0)
+    ms = _median_ms(times["ort"])
+    traffic = TENSOR_PASSES * x.nbytes
+    result = CaseResult(layout, dtype, channels, size, batch, ms, traffic / ms / 1e6,
+                        ms / (traffic / bandwidth / 1e6))
+    if "torch" in times:
+        result.torch_ms = _median_ms(times["torch"])
+        result.vs_torch = ms / result.torch_ms
+    return result
+
+
+def time_pass(node_counts: tuple[int, ...], shape=(2, 4, 3, 3)) -> list[dict]:
+    """Lowering time per node for models with many nodes, and session creation for the lowered graphs."""
+    from lowering import lower_model
+
+    rows = []
+    for n in node_counts:
+        model = onednn_model(shape, "NCX", TensorProto.FLOAT, nodes=n)
+        t0 = time.perf_counter()
+        lowered = lower_model(model)
+        seconds = time.perf_counter() - t0
+        row = {"nodes": n, "lower_ms": seconds * 1e3, "ms_per_node": seconds * 1e3 / n,
+               "lowered_nodes": len(lowered.graph.node)}
+        if n <= 1000:
+            options = ort.SessionOptions()
+            options.log_severity_level = 4
+            t0 = time.perf_counter()
+            ort.InferenceSession(lowered.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            row["session_ms"] = (time.perf_counter() - t0) * 1e3
+        rows.append(row)
+    return rows
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import os
+
+    return {"cpu": cpu, "cores": os.cpu_count(), "onnxruntime": ort.__version__, "onnx": onnx.__version__,
+            "numpy": np.__version__, "python": platform.python_version()}
+
+
+def run_bench(*, quick: bool = False, shapes: tuple[tuple[int, int], ...] | None = None, batch: int = BATCH,
+              reps: int | None = None, layouts=("NCX", "NXC"), dtypes=("f32", "bf16", "f16"),
+              pass_nodes: tuple[int, ...] | None = None, use_torch: bool = True,
+              progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
+    shapes = shapes or (QUICK if quick else RESNET50)
+    reps = reps or (7 if quick else 11)
+    pass_nodes = pass_nodes or ((1, 100, 1000) if quick else (1, 100, 10000))
+    torch = _torch() if use_torch else None
+    if torch is not None:
+        keep_freed_memory()
+        torch.set_num_threads(max(1, (machine()["cores"] or 1)))
+    progress("measuring copy bandwidth ...")
+    bandwidth = copy_bandwidth(64 << 20 if quick else 256 << 20)
+    progress(f"copy bandwidth {bandwidth:.1f} GB/s")
+    cases = []
+    total = len(layouts) * len(dtypes) * len(shapes)
+    for layout in layouts:
+        for dtype in dtypes:
+            for channels, size in shapes:
+                progress(f"[{len(cases) + 1}/{total}] {layout} {dtype} {channels}x{size}x{size} batch {batch}")
+                r = time_case(layout, dtype, channels, size, batch, reps, bandwidth, torch)
+                cases.append(r)
+                extra = f", torch {r.torch_ms:.2f} ms ({r.vs_torch:.2f}x)" if r.torch_ms else ""
+                progress(f"    {r.ms:.2f} ms, {r.gbps:.1f} GB/s, {r.vs_bound:.2f}x bound{extra}")
+    progress("timing the pass ...")
+    passes = time_pass(pass_nodes)
+    for row in passes:
+        progress(f"    {row['nodes']} nodes: {row['ms_per_node']:.3f} ms/node")
+    summary = {}
+    for layout in layouts:
+        for dtype in dtypes:
+            sel = [c for c in cases if c.layout == layout and c.dtype == dtype]
+            entry = {"geomean_vs_bound": _geomean([c.vs_bound for c in sel])}
+            if sel and all(c.vs_torch for c in sel):
+                entry["geomean_vs_torch"] = _geomean([c.vs_torch for c in sel])
+            summary[f"{layout}/{dtype}"] = entry
+    return {"machine": machine(), "torch": getattr(torch, "__version__", None), "copy_gbps": bandwidth,
+            "batch": batch, "reps": reps, "cases": [asdict(c) for c in cases], "summary": summary,
+            "pass": passes}
+
+
+def _geomean(values: list[float]) -> float | None:
+    values = [v for v in values if v]
+    return float(np.exp(np.mean(np.log(values)))) if values else None
+
+
+def markdown(result: dict) -> str:
+    m = result["machine"]
+    torch = result["torch"]
+    lines = [f"Machine: {m['cpu']}, {m['cores']} cores; onnxruntime {m['onnxruntime']}; "
+             f"copy bandwidth {result['copy_gbps']:.1f} GB/s; batch {result['batch']}, median of {result['reps']} "
+             f"runs; torch {torch or 'not installed'}.", "",
+             "| layout | dtype | C×H×W | ms | GB/s | × bound | torch ms | × torch |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for c in result["cases"]:
+        t_ms = f"{c['torch_ms']:.2f}" if c["torch_ms"] else "–"
+        t_x = f"{c['vs_torch']:.2f}" if c["vs_torch"] else "–"
+        lines.append(f"| {c['layout']} | {c['dtype']} | {c['channels']}×{c['size']}² | {c['ms']:.2f} | "
+                     f"{c['gbps']:.1f} | {c['vs_bound']:.2f} | {t_ms} | {t_x} |")
+    lines += ["", "| layout/dtype | geomean × bound | geomean × torch |", "|---|---:|---:|"]
+    for key, s in result["summary"].items():
+        vt = s.get("geomean_vs_torch")
+        vb = s.get("geomean_vs_bound")
+        lines.append(f"| {key} | {vb:.2f} | {f'{vt:.2f}' if vt else '–'} |" if vb else f"| {key} | – | – |")
+    lines += ["", "| nodes | lower ms | ms/node | lowered nodes | session ms |", "|---:|---:|---:|---:|---:|"]
+    for row in result["pass"]:
+        session = f"{row['session_ms']:.1f}" if "session_ms" in row else "–"
+        lines.append(f"| {row['nodes']} | {row['lower_ms']:.1f} | {row['ms_per_node']:.3f} | "
+                     f"{row['lowered_nodes']} | {session} |")
+    return "\n".join(lines)

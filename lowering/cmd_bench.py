@@ -1,0 +1,33 @@
+"""``oplower bench``: the performance table (DESIGN.md section 7)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = "time the lowered batch-norm backward on the ResNet-50 layers (vs. memory bound and torch) and the pass"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="fewer shapes and runs (about a minute)")
+    p.add_argument("--json", metavar="FILE", type=Path, help="also write every number to FILE as JSON")
+    p.add_argument("--no-torch", action="store_true", help="do not compare with torch even if it is importable")
+    # test-only: a tiny workload that exercises the machinery in seconds
+    p.add_argument("--shapes", choices=("resnet50", "quick", "tiny"), help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lowering import bench
+    from lowering.modelio import write_atomic
+
+    kwargs = {}
+    if args.shapes == "tiny":
+        kwargs = {"shapes": bench.TINY, "batch": 2, "reps": 3, "pass_nodes": (1, 10)}
+    elif args.shapes:
+        kwargs = {"shapes": bench.RESNET50 if args.shapes == "resnet50" else bench.QUICK}
+    result = bench.run_bench(quick=args.quick, use_torch=not args.no_torch, **kwargs)
+    print(bench.markdown(result))
+    if args.json:
+        write_atomic(args.json, (json.dumps(result, indent=2) + "\n").encode())
+    return 0

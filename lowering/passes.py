@@ -175,7 +175,7 @@ class _Lowering:
         old_outputs = {v.name: (i, v) for i, v in enumerate(node.outputs) if v.name}
         new_nodes = []
         produced: dict[str, ir.Value] = {}
-        for proto in emitted:
+        for proto in _live(emitted, wanted):
             inputs = []
             for name in proto.input:
                 if not name:
@@ -219,3 +219,14 @@ class _Lowering:
             old.name = None
             new.name = name
         graph.remove(node, safe=True)
+
+
+def _live(emitted: list[onnx.NodeProto], wanted: frozenset[str]) -> list[onnx.NodeProto]:
+    """The emitted nodes that contribute to a wanted output (a rule may emit a little more than needed)."""
+    needed = set(wanted)
+    keep = []
+    for proto in reversed(emitted):
+        if needed.intersection(proto.output):
+            keep.append(proto)
+            needed.update(proto.input)
+    return keep[::-1]

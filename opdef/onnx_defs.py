@@ -36,6 +36,7 @@ _LENIENT: contextvars.ContextVar[bool] = contextvars.ContextVar("oplower_lenient
 def register_onnx_schemas(registry: Registry | None = None) -> list[onnx.defs.OpSchema]:
     """Register every schema of ``registry`` with onnx (once; again only when its schema changed)."""
     registry = registry if registry is not None else load_schemas()
+    _build_reference_schema_table_first()
     out = []
     for entry in registry:
         key = (entry.binding.domain, entry.binding.op_type, entry.schema.version)
@@ -54,6 +55,13 @@ def register_onnx_schemas(registry: Registry | None = None) -> list[onnx.defs.Op
         _REGISTERED[key] = entry
         out.append(schema)
     return out
+
+
+def _build_reference_schema_table_first() -> None:
+    """onnx.reference indexes every registered schema by bare name when first imported and refuses two
+    domains sharing a name (onednn and ngraph both define BatchNormTrainingBackprop). Importing it before
+    registering keeps the reference evaluator usable in the same process."""
+    import onnx.reference.op_run  # noqa: F401
 
 
 def unregister_onnx_schemas() -> None:

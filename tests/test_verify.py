@@ -668,10 +668,14 @@ def test_rules_register_once():
         register_rule("batch_norm_backward")(lambda ctx: None)
 
 
-def test_binding_without_a_verifier_gets_generic_checks_and_roles():
-    ms = REGISTRY.get("com.microsoft", "BatchNormInternal")
-    if ms is None or ms.binding.rule in RULES:
-        pytest.skip("no binding without a verification rule")
-    node = helper.make_node("BatchNormInternal", ["x", "s", "b", "m", "v"], ["y"], name="f", domain="com.microsoft")
-    inf = infer_node(node, {"x": TensorType(F32, (2, 3))}, REGISTRY)
-    assert inf.roles["src"] == "x" and inf.roles["dst"] == "y"
+def test_every_bundled_binding_has_a_verification_rule():
+    assert {e.binding.rule for e in REGISTRY} <= set(RULES)
+
+
+def test_binding_without_a_verifier_gets_generic_checks_and_roles(monkeypatch):
+    e = entry(ONEDNN)
+    monkeypatch.delitem(RULES, "batch_norm_backward")
+    inf = infer_node(bn_node(e, layout="NCX"), value_types(e, (2, 3)), REGISTRY)
+    assert inf.roles["src"] == "src" and inf.roles["diff_beta"] == "diff_beta"
+    assert inf.output_types[0] == TensorType(F32, None)  # element type from T1; no shape rule ran
+    assert inf.channel_axis is None

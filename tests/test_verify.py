@@ -679,3 +679,80 @@ def test_binding_without_a_verifier_gets_generic_checks_and_roles(monkeypatch):
     assert inf.roles["src"] == "src" and inf.roles["diff_beta"] == "diff_beta"
     assert inf.output_types[0] == TensorType(F32, None)  # element type from T1; no shape rule ran
     assert inf.channel_axis is None
+
+
+# -- onnxruntime-training's BatchNormalizationGrad (inv_std input, channel axis 1) ------------------
+
+MS_GRAD = ("com.microsoft", "BatchNormalizationGrad")
+
+
+def test_ms_grad_binds_inv_std_and_infers_outputs():
+    e = entry(MS_GRAD)
+    inf = infer(MS_GRAD, value_types(e, ("N", 8, 5), BF16))
+    assert inf.roles["inv_std"] == "inv_std" and "variance" not in inf.roles
+    assert inf.output_types == (TensorType(BF16, ("N", 8, 5)), TensorType(BF16, (8,)), TensorType(BF16, (8,)))
+    assert inf.channel_axis == 1 and inf.reduce_axes == (0, 2)
+
+
+def test_error_ms_grad_c2_per_channel_shape():
+    e = entry(MS_GRAD)
+    types = value_types(e, (4, 8, 5))
+    types["inv_std"] = TensorType(F32, (7,))
+    err = fails(MS_GRAD, types)
+    assert "saved_inv_std has shape [7]; expected [8] (channel axis 1 of X [4,8,5])" in str(err)
+    assert err.constraint == "C2"
+
+
+def test_error_ms_grad_c1_rank():
+    e = entry(MS_GRAD)
+    err = fails(MS_GRAD, value_types(e, (8,), stat_shape=(8,)))
+    assert "X has rank 1 [8]; expected rank >= 2" in str(err) and err.constraint == "C1"
+
+
+def test_error_ms_grad_c1_dy_shape():
+    e = entry(MS_GRAD)
+    types = value_types(e, (4, 8, 5))
+    types["diff_dst"] = TensorType(F32, (4, 8, 6))
+    err = fails(MS_GRAD, types)
+    assert "dY has shape [4,8,6]; expected X's shape [4,8,5]" in str(err) and err.constraint == "C1"
+
+
+def test_error_ms_grad_c4_epsilon():
+    e = entry(MS_GRAD)
+    err = fails(MS_GRAD, value_types(e, (4, 8)), epsilon=-1.0)
+    assert "epsilon is -1.0; it must be finite and > 0" in str(err) and err.constraint == "C4"
+
+
+# -- malformed input never escapes as anything but a VerificationError ------------------------------
+
+_dims = st.one_of(st.none(), st.integers(0, 9), st.sampled_from(["N", "C"]))
+_shapes = st.one_of(st.none(), st.lists(_dims, max_size=9).map(tuple))
+_elems = st.sampled_from([None, F32, F16, BF16, F64, TensorProto.INT64])
+
+
+@given(key=st.sampled_from(SEED_OPS), data=st.data())
+def test_property_random_types_either_verify_or_raise_verification_error(key, data):
+    e = entry(key)
+    node = bn_node(e, layout=data.draw(st.sampled_from([None, "NCX", "NXC"])) if e.binding.layout_attribute else None,
+                   gamma=data.draw(st.booleans()), grads=data.draw(st.booleans()),
+                   epsilon=data.draw(st.floats(allow_nan=True, allow_infinity=True, width=32)))
+    types = {v: TensorType(data.draw(_elems), data.draw(_shapes)) for v in node.input if v}
+    try:
+        inf = infer_node(node, types, REGISTRY)
+    except VerificationError as err:
+        assert str(err).startswith(f"{key[0]} {key[1]} 'bn': ")
+        return
+    assert inf.epsilon > 0 and math.isfinite(inf.epsilon)
+    assert len(inf.output_types) == len(e.schema.outputs)
+
+
+def test_error_rank_zero_has_no_channel_axis_even_without_a_binding_minimum():
+    import dataclasses
+
+    e = entry(ONEDNN)
+    binding = dataclasses.replace(e.binding, min_rank=None)
+    node = bn_node(e, layout="NXC")
+    with pytest.raises(VerificationError, match=r"src has rank 0 \[\]; expected rank >= 1 \(a channel axis"):
+        infer_with_schema(e.schema, binding, node, value_types(e, (), stat_shape=(3,)))
+    inf = infer_with_schema(e.schema, binding, node, value_types(e, (3,), stat_shape=(3,)))
+    assert inf.channel_axis == 0 and inf.reduce_axes == ()

@@ -119,6 +119,8 @@ def _check_rank(ctx: NodeContext, src: str, data_shape, layout: str | None) -> N
     limits = []
     if layout == "first":
         limits.append((2, None, "channel axis 1 needs rank >= 2"))
+    else:
+        limits.append((1, None, "a channel axis needs rank >= 1"))
     limits.append((binding.min_rank, binding.max_rank, f"binding of {binding.domain}::{binding.op_type}"))
     for lo, hi, why in limits:
         if (lo is not None and rank < lo) or (hi is not None and rank > hi):

@@ -52,13 +52,22 @@ class _Emitter:
         self.p = plan
         self.ct = compute_type(plan.io_type)
         self.np_ct = _NP_OF[self.ct]
+        self._consts: dict[tuple, str] = {}
 
     # -- small helpers -------------------------------------------------------------------------
     def scalar(self, value: float, hint: str = "c") -> str:
-        return self.b.const(np.array(value, dtype=self.np_ct), hint=hint)
+        return self._const(np.array(value, dtype=self.np_ct), hint)
 
     def ints(self, values, hint: str = "shape") -> str:
-        return self.b.const(np.array(values, dtype=np.int64), hint=hint)
+        return self._const(np.array(values, dtype=np.int64), hint)
+
+    def _const(self, array: np.ndarray, hint: str) -> str:
+        """One Constant node per distinct value within one emission."""
+        key = (array.dtype.str, array.shape, array.tobytes())
+        name = self._consts.get(key)
+        if name is None:
+            name = self._consts[key] = self.b.const(array, hint=hint)
+        return name
 
     def cast(self, name: str, from_type: int, to_type: int, output: str | None = None) -> str:
         if from_type == to_type:
@@ -223,9 +232,11 @@ class _Fast:
     Passes over tensor-sized data (read + write counts, f32 units), batch statistics:
     Sub xc 2, Mul dy*xc 3, the two sums 1 + 1 (ReduceSum over axes 0, 2 for NCX; a MatMul with a ones
     row for NXC, where a ReduceSum that keeps the last axis is slow), then diff_src:
-    "affine" (NCX): BatchNormalization as a per-channel affine b*xc + c 2, Mul a*dy 2, Add 3;
-    "muladd": Mul 2, Mul 2, Add 3, Add 2 (per-channel vectors broadcast along the contiguous axis).
-    f16/bf16 add one Cast per input and one for diff_src.
+    "affine": BatchNormalization (mean 0, variance 1, epsilon 0) as the per-channel affine b*xc + c 2,
+    Mul a*dy 2, Add 3 -> 14 in all (the literal formula of DESIGN.md section 4 makes 16);
+    "muladd": Mul 2, Mul 2, Add 3, Add 2 -> 16. Frozen statistics: one Mul (2).
+    f16/bf16 add a Cast per input and one for diff_src (1.5 each in f32 units): 18.5.
+    Measured (2 cores, see ``oplower bench``) "affine" beat "muladd" in both layouts; DX_FORM keeps the choice.
     """
 
     def __init__(self, e: _Emitter, layout: str, dx_form: str | None = None) -> None:
@@ -307,7 +318,7 @@ class _Fast:
         a = inv if gamma is None else b.op1("Mul", [gamma, inv])
 
         rows = self.ones_row(x_view) if (need_s1 or need_s2) else None
-        s1 = s2 = xc = x = mean = None
+        s1 = s2 = xc = x = mean = dgamma = None
         if need_s1:
             s1 = self.channel_sum(dy, rows, p.diff_beta if direct else None)
             if wants_db and not direct:
@@ -327,14 +338,14 @@ class _Fast:
             return
         m = self.static_count()
         if m is not None:
-            inv_m = e.scalar(1.0 / max(m, 1), "inv_m")
+            neg_inv_m = e.scalar(-1.0 / max(m, 1), "neg_inv_m")
         else:
             count = b.op1("Div", [b.op1("Size", [x]), b.op1("Size", [mean])])
-            inv_m = b.op1("Reciprocal", [b.op1("Cast", [count], to=ct)])
-        a_m = b.op1("Mul", [a, inv_m])
-        # b = -a*inv*inv*S2/M, c = -a*S1/M
-        coef_b = b.op1("Neg", [b.op1("Mul", [b.op1("Mul", [a_m, inv]), b.op1("Mul", [inv, s2])])])
-        coef_c = b.op1("Neg", [b.op1("Mul", [a_m, s1])])
+            neg_inv_m = b.op1("Neg", [b.op1("Reciprocal", [b.op1("Cast", [count], to=ct)])])
+        # b = -a*inv*diff_gamma/M, c = -a*S1/M
+        a_m = b.op1("Mul", [a, neg_inv_m])
+        coef_b = b.op1("Mul", [b.op1("Mul", [a_m, inv]), dgamma])
+        coef_c = b.op1("Mul", [a_m, s1])
         ady = b.op1("Mul", [dy, bcast(a)])
         if self.dx_form == "affine":
             zeros = b.op1("Sub", [coef_c, coef_c])

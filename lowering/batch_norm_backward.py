@@ -13,7 +13,6 @@ from lowering.rules import LoweringRequest, register_rule
 from opdef.binding import Binding
 from opdef.errors import LoweringError
 from opdef.node import NodeInference, TensorType
-from opdef.schema import OpSchema
 
 
 @register_rule("batch_norm_backward")
@@ -47,7 +46,7 @@ def plan_batch_norm_backward(request: LoweringRequest) -> BatchNormBackwardPlan:
     src_type = _input_type(node, "src")
     stat_type = _input_type(node, "mean")
     stat_role = binding.stat_input if request.input(binding.stat_input) else "variance"
-    single_output = both_or_neither(node.schema, binding) and not (
+    single_output = binding.paired_param_grads and not (
         request.requested("diff_gamma") or request.requested("diff_beta"))
     statistics = binding.statistics
     if single_output and request.options.onednn_single_output == "upstream":
@@ -76,26 +75,6 @@ def plan_batch_norm_backward(request: LoweringRequest) -> BatchNormBackwardPlan:
         src_shape=src_type.shape if src_type is not None else None,
         channel_last=channel_last,
     )
-
-
-def both_or_neither(schema: OpSchema, binding: Binding) -> bool:
-    """Whether the schema says diff_gamma and diff_beta are requested both or neither (oneDNN's note).
-
-    Read from the spec's constraints (one naming both gradients and saying "neither", "both or" or
-    "not at all"), or from the binding option ``"param_grads": "both_or_neither"``.
-    """
-    if dict(binding.options).get("param_grads") == "both_or_neither":
-        return True
-    names = [binding.arg("diff_gamma"), binding.arg("diff_beta")]
-    if None in names:
-        return False
-    for constraint in schema.constraints:
-        text = constraint.text.lower()
-        mentioned = set(constraint.arguments) | {n for n in names if n.lower() in text}
-        says_it = any(phrase in text for phrase in ("neither", "both or", "not at all"))
-        if says_it and all(n in mentioned for n in names):
-            return True
-    return False
 
 
 def _channel_axis(node: NodeInference, binding: Binding) -> int | None:

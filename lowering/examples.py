@@ -12,7 +12,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from lowering.batch_norm_backward import both_or_neither
 from lowering.numerics import np_type
 from opdef.registry import Entry, Registry
 from runtime.reference import batch_norm_backward as reference_backward
@@ -136,7 +135,7 @@ def _one(entry: Entry, case: BnCase, option: str):
     node = helper.make_node(binding.op_type, node_inputs, node_outputs, name=case.name, domain=binding.domain,
                             **attrs)
 
-    single_output = both_or_neither(schema, binding) and not (declared & set(PARAM_GRADS))
+    single_output = binding.paired_param_grads and not (declared & set(PARAM_GRADS))
     statistics = "frozen" if single_output and option == "upstream" else binding.statistics
     wanted = [r for r in OUTPUT_ROLES if r in consumed]
     ref = reference_backward(data["src"], data["diff_dst"], data["mean"], data[stat_role],

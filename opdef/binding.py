@@ -48,6 +48,15 @@ class Binding:
     def key(self) -> tuple[str, str]:
         return (self.domain, self.op_type)
 
+    @property
+    def paired_param_grads(self) -> bool:
+        """diff_gamma and diff_beta are requested both or neither, and with neither gamma is ignored.
+
+        oneDNN Graph's note (C1 in its spec); declared in bindings.json as
+        ``"options": {"param_grads": "both_or_neither"}`` so no code reads meaning out of prose.
+        """
+        return dict(self.options).get("param_grads") == "both_or_neither"
+
 
 _FIELDS = {"spec", "domain", "op_type", "rule", "dialect", "roles", "layout", "layout_attribute",
            "statistics", "stat_input", "min_rank", "max_rank", "options", "comment"}

@@ -28,26 +28,6 @@ SINGLE_OUTPUT_MODES = ("spec", "upstream")
 _OMITTED = "oplower::omitted::"
 
 
-def both_or_neither(entry: Entry) -> bool:
-    """Whether the schema says diff_gamma and diff_beta are requested both or neither (oneDNN's note).
-
-    From the binding option ``"param_grads": "both_or_neither"`` or a spec constraint naming both
-    gradients and saying "both" and "neither" (the same reading as the lowering rule's).
-    """
-    schema, binding = entry.schema, entry.binding
-    if dict(binding.options).get("param_grads") == "both_or_neither":
-        return True
-    names = [binding.arg("diff_gamma"), binding.arg("diff_beta")]
-    if None in names:
-        return False
-    for constraint in schema.constraints:
-        text = constraint.text.lower()
-        mentioned = set(constraint.arguments) | {n for n in names if n.lower() in text}
-        if "both" in text and "neither" in text and all(n in mentioned for n in names):
-            return True
-    return False
-
-
 class _Node:
     """One custom node's arguments by role: what every rule's evaluation starts from."""
 
@@ -116,7 +96,7 @@ def _batch_norm_backward(n: _Node, exact: bool, single_output: str) -> tuple:
     wanted = [r for r in ("diff_src", "diff_gamma", "diff_beta") if n.output_index(r) is not None]
     requested_params = any(n.output_index(r) is not None for r in ("diff_gamma", "diff_beta"))
     statistics = binding.statistics
-    if both_or_neither(n.entry) and not requested_params:
+    if n.entry.binding.paired_param_grads and not requested_params:
         gamma = None  # the spec: gamma is ignored when neither parameter gradient is requested
         if single_output == "upstream":
             statistics = "frozen"

@@ -87,16 +87,6 @@ def test_verify_failure_exits_1_and_writes_nothing(model_path, tmp_path, monkeyp
     assert not out.exists() and not leftovers(tmp_path)
 
 
-def _reference_reads_the_onednn_note() -> bool:
-    """runtime.reference_eval must see oneDNN's both-or-neither note the way the lowering rule does."""
-    from runtime.reference_eval import both_or_neither
-
-    return both_or_neither(load_schemas().get(*ONEDNN))
-
-
-@pytest.mark.xfail(not _reference_reads_the_onednn_note(), strict=True,
-                   reason="runtime.reference_eval.both_or_neither misses the onednn spec's C1 wording "
-                          "('together or not at all'); the lowering rule reads it")
 @pytest.mark.parametrize("mode", ["spec", "upstream"])
 def test_single_output_option_is_passed_through(registry, tmp_path, capsys, mode):
     example = build_example([BnCase(ONEDNN, (2, 3, 4, 5), layout="NCX", outputs=("diff_src",))], registry,

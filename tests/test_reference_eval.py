@@ -41,7 +41,8 @@ def _registry():
                     (ROLES, ["src", "diff_dst", "mean", "variance", "gamma", "diff_src", "diff_gamma", "diff_beta",
                              "epsilon"]),
                     optional_inputs=("gamma",), layout="data_format", layout_attribute="data_format",
-                    constraints=("diff_gamma and diff_beta are both requested or neither of them is.",))
+                    constraints=("diff_gamma and diff_beta are both requested or neither of them is.",),
+                    options=(("param_grads", "both_or_neither"),))
     dml = _entry("directml", "BN_GRAD", ["In", "InGrad", "Mean", "Var", "Scale"], ["OutGrad", "ScaleGrad", "BiasGrad"],
                  [("Epsilon", None)], (ROLES, ["In", "InGrad", "Mean", "Var", "Scale", "OutGrad", "ScaleGrad",
                                                "BiasGrad", "Epsilon"]), layout="stats_broadcast", statistics="frozen")

@@ -71,7 +71,8 @@ def batch_norm_backward(ctx: NodeContext) -> RuleResult:
         stat_shape = _channel_stats(ctx, stats, src, data_shape, channel_axis)
         reduce_axes = None if rank is None else tuple(i for i in range(rank) if i != channel_axis)
 
-    _both_or_neither(ctx, binding.arg("diff_gamma"), binding.arg("diff_beta"))
+    if binding.paired_param_grads:
+        _both_or_neither(ctx, binding.arg("diff_gamma"), binding.arg("diff_beta"))
 
     src_elem = _elem(ctx, src, diff_dst)
     stat_elem = _elem(ctx, *stats)
@@ -221,9 +222,9 @@ def _broadcast_stats(ctx: NodeContext, stats: Sequence[str], src: str, data_shap
 def _both_or_neither(ctx: NodeContext, a: str | None, b: str | None) -> None:
     if not a or not b:
         return
-    label = ctx.constraint_label([a, b])
-    if label is None or ctx.has_output(a) == ctx.has_output(b):
+    if ctx.has_output(a) == ctx.has_output(b):
         return
+    label = ctx.constraint_label([a, b])
     given, missing = (a, b) if ctx.has_output(a) else (b, a)
     raise ctx.error(f"{given} is requested but {missing} is not; request both or neither", label)
 

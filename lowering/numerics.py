@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 from onnx import TensorProto, helper
 
-F32_REL = 1e-5
+F32_REL = 2e-6
 # Relative size of one unit in the last place (the spacing of numbers near 1.0): bf16 has 8 significant bits.
 _ULP = {TensorProto.FLOAT16: 2.0 ** -10, TensorProto.BFLOAT16: 2.0 ** -7}
 _NP = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64, TensorProto.FLOAT16: np.float16,

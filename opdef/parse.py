@@ -15,6 +15,9 @@ def _dialect_module(dialect: str):
     return importlib.import_module(f"opdef.dialects.{dialect}")
 
 
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
 def read_spec_text(path: Path) -> str:
     """Read a document as text: UTF-8 (a BOM is dropped), CRLF folded; undecodable bytes are a SpecError."""
     try:
@@ -23,6 +26,9 @@ def read_spec_text(path: Path) -> str:
         raise SpecError(str(path), None, "is a directory, expected a spec document") from None
     except OSError as exc:
         raise SpecError(str(path), None, f"cannot read: {exc.strerror or exc}") from None
+    if data.startswith(_UTF16_BOMS):
+        raise SpecError(str(path), 1, "UTF-16 text (it starts with a UTF-16 byte-order mark); save the document "
+                                      "as UTF-8")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -46,6 +52,13 @@ def parse_spec_text(text: str, source: str = "<string>", dialect: str | None = N
     if text.startswith("\ufeff"):
         text = text[1:]
     text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if not text.strip():
+        raise SpecError(source, None, "empty document; expected a spec document of one of the dialects "
+                                      f"{list(DIALECTS)}")
+    nul = text.find("\0")
+    if nul >= 0:  # text never holds NUL; a binary file or UTF-16 without a byte-order mark does
+        raise SpecError(source, text.count("\n", 0, nul) + 1, "NUL byte in the text: a binary file, or UTF-16 "
+                                                              "without a byte-order mark? expected UTF-8 text")
     dialect = dialect or detect_dialect(text, source)
     return _dialect_module(dialect).parse(text, source, include_dirs=include_dirs)
 

@@ -151,3 +151,30 @@ def drop_unused_opsets(model: ir.Model, removable: frozenset[str]) -> None:
             del function.opset_imports[domain]
     for domain in [d for d in model.opset_imports if d in removable and d not in model_used]:
         del model.opset_imports[domain]
+
+
+def restore_trailing_outputs(model: ir.Model, proto: onnx.ModelProto) -> None:
+    """Give every node of ``proto`` (``model`` serialized) back the trailing empty outputs it has in ``model``.
+
+    onnx-ir's serializer drops them (ConvGrad's ``['', 'dW', '']`` comes out as ``['', 'dW']``): equivalent
+    ONNX, but a node the pass did not touch must come back as it was. One walk, nodes in the same order.
+    """
+    _restore_graph(model.graph, proto.graph)
+    for function, function_proto in zip(model.functions.values(), proto.functions, strict=True):
+        _restore_graph(function, function_proto)
+
+
+def _restore_graph(graph: GraphLike, graph_proto: onnx.GraphProto | onnx.FunctionProto) -> None:
+    for node, node_proto in zip(graph, graph_proto.node, strict=True):
+        missing = len(node.outputs) - len(node_proto.output)
+        if missing > 0:
+            node_proto.output.extend([""] * missing)
+        for attr_proto in node_proto.attribute:
+            attr = node.attributes.get(attr_proto.name)
+            if not isinstance(attr, ir.Attr):
+                continue
+            if attr.type == ir.AttributeType.GRAPH:
+                _restore_graph(attr.value, attr_proto.g)
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for sub, sub_proto in zip(attr.value, attr_proto.graphs, strict=True):
+                    _restore_graph(sub, sub_proto)

@@ -82,7 +82,9 @@ def lower_model_with_report(model: ModelT, *, registry: Registry | None = None,
     except Exception as exc:  # noqa: BLE001 -- a malformed model is the user's input, not our bug
         raise LoweringError(f"cannot read the model: {exc}") from None
     lowering_pass(ir_model)
-    return ir.to_proto(ir_model), lowering_pass.report
+    lowered = ir.to_proto(ir_model)
+    graphs.restore_trailing_outputs(ir_model, lowered)
+    return lowered, lowering_pass.report
 
 
 class _Lowering:
@@ -96,6 +98,11 @@ class _Lowering:
         self.types: dict[ir.Value, TensorType] = {}  # known beyond what the values declare
         self._inferred: dict[str, TensorType] | None = None
         self._taken: set[str] = set()
+        # Per graph, built once and kept up to date: where each value sits in the graph's outputs, and the
+        # lowered nodes to remove at the end (onnx-ir's remove and graph-output replacement scan all
+        # outputs on every call, which made the pass quadratic).
+        self._output_positions: dict[ir.Graph, dict[ir.Value, list[int]]] = {}
+        self._dead: dict[ir.Graph, list[ir.Node]] = {}
 
     def run(self) -> bool:
         model = self.model
@@ -109,15 +116,22 @@ class _Lowering:
             opset = self._default_opset(model.opset_imports, "the model")
             self._taken = graphs.names_in_use(model)
             graphs.call_site_input_types(model, self.types)
+            current_function = None
             for function, node in targets:
+                if function is not None and function is not current_function:
+                    # Call sites (main graph, earlier functions) may have been lowered: their argument
+                    # types are final once we reach a function, so once per function is enough.
+                    graphs.call_site_input_types(model, self.types)
+                    current_function = function
                 if function is not None:
-                    graphs.call_site_input_types(model, self.types)  # call sites may have been lowered
                     if "" not in function.opset_imports and "ai.onnx" not in function.opset_imports:
                         function.opset_imports[""] = opset
                     node_opset = self._default_opset(function.opset_imports, f"function {function.name!r}")
                 else:
                     node_opset = opset
                 self._lower_node(node, node_opset, in_function=function is not None)
+            for graph, dead in self._dead.items():
+                graph.remove(dead, safe=True)
             graphs.drop_unused_opsets(model, self.registry.domains)
             modified = True
             self.report.nodes_after = sum(1 for _ in graphs.all_nodes(model))
@@ -141,7 +155,7 @@ class _Lowering:
 
         label = f"{node.domain}::{node.op_type}"
         value_types = self._value_types(node)
-        inference = infer_node(ir.to_proto(node), value_types, registry=self.registry)
+        inference = infer_node(ir.serde.serialize_node(node), value_types, registry=self.registry)
         wanted = frozenset(v.name for v in node.outputs if v.name and graphs.is_consumed(v))
         request = LoweringRequest(inference, wanted, self.options)
         prefix = node.name or node.op_type
@@ -215,10 +229,25 @@ class _Lowering:
                 self.types[new] = self.types[old]
             elif index < len(output_types) and output_types[index] is not None:
                 self.types[new] = output_types[index]
-            old.replace_all_uses_with(new, replace_graph_outputs=True)
+            if old.is_graph_output():
+                self._replace_graph_output(graph, old, new)
+            old.replace_all_uses_with(new)
             old.name = None
             new.name = name
-        graph.remove(node, safe=True)
+        for i in range(len(node.inputs)):
+            node.replace_input_with(i, None)  # no longer a user of its inputs; removed in one go at the end
+        self._dead.setdefault(graph, []).append(node)
+
+    def _replace_graph_output(self, graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
+        positions = self._output_positions.get(graph)
+        if positions is None:
+            positions = self._output_positions[graph] = {}
+            for i, value in enumerate(graph.outputs):
+                positions.setdefault(value, []).append(i)
+        indices = positions.pop(old)
+        for i in indices:
+            graph.outputs[i:i + 1] = [new]  # a slice: onnx-ir's index path runs a slow Protocol isinstance
+        positions.setdefault(new, []).extend(indices)
 
 
 def _live(emitted: list[onnx.NodeProto], wanted: frozenset[str]) -> list[onnx.NodeProto]:

@@ -565,8 +565,6 @@ def test_training_graph_only_batch_norm_nodes_change(opset):
         model, lowered, lambda a, b: _without_trailing_empty_outputs(a) == _without_trailing_empty_outputs(b))
 
 
-@pytest.mark.xfail(reason="onnx-ir's serializer drops trailing empty outputs (ConvGrad's ['', 'dW', ''] comes "
-                          "back as ['', 'dW']); equivalent ONNX, but not the node proto as it was", strict=False)
 def test_training_graph_other_node_protos_byte_identical():
     model = _training_graph(12)
     _check_only_batch_norm_nodes_changed(model, _lower(model))

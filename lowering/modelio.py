@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -32,7 +33,115 @@ def load_model(path: Path | str, load_external_data: bool = True) -> onnx.ModelP
                          f"{str(exc).splitlines()[0] if str(exc) else 'parse failed'})") from None
     if not model.HasField("graph"):
         raise ModelError(f"{path}: not an ONNX model (no graph)")
+    check_structure(model, str(path))
     return model
+
+
+def _mode_for(path: Path) -> int:
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def check_structure(model: onnx.ModelProto, source: str = "the model") -> None:
+    """The graph-level rules a model must follow before any node is looked at; raises ModelError.
+
+    What ``onnx.checker`` checks about the graph, without its per-node schema checks (the verifier says
+    more about custom nodes): IR version known, every name valid UTF-8, single assignment, every value
+    defined before use (in scope for subgraphs), graph outputs produced, attribute names unique,
+    dimensions not negative; in the main graph, its subgraphs and the model-local functions.
+    """
+    if model.ir_version > onnx.IR_VERSION:
+        raise ModelError(f"{source}: IR version {model.ir_version} is newer than this onnx reads "
+                         f"({onnx.IR_VERSION})")
+    _Structure(source).graph(model.graph, frozenset(), "the main graph")
+    for function in model.functions:
+        where = f"function {_text(function.domain)}::{_text(function.name)}"
+        _Structure(source).body(list(function.input), (), function.node, list(function.output), frozenset(), where)
+
+
+def _text(name: str | bytes) -> str:
+    return name if isinstance(name, str) else repr(name)
+
+
+class _Structure:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, message: str) -> ModelError:
+        return ModelError(f"{self.source}: {message}")
+
+    def name(self, name: str | bytes, what: str) -> str:
+        if not isinstance(name, str):  # protobuf hands back bytes for a string field that is not UTF-8
+            raise self.fail(f"{what} {name!r} is not valid UTF-8")
+        return name
+
+    def graph(self, graph: onnx.GraphProto, outer: frozenset[str], where: str) -> None:
+        for vi in [*graph.input, *graph.output, *graph.value_info]:
+            self._dims(vi, where)
+        inputs = [self.name(vi.name, f"{where}: input") for vi in graph.input]
+        inits = [self.name(t.name, f"{where}: initializer") for t in graph.initializer]
+        inits += [self.name(t.values.name, f"{where}: sparse initializer") for t in graph.sparse_initializer]
+        outputs = [self.name(vi.name, f"{where}: output") for vi in graph.output]
+        self.body(inputs, inits, graph.node, outputs, outer, where)
+
+    def body(self, inputs, inits, nodes, outputs, outer: frozenset[str], where: str) -> None:
+        defined: set[str] = set()
+        for name in inputs:
+            if name in defined:
+                raise self.fail(f"{where}: input '{name}' is declared twice")
+            defined.add(name)
+        defined.update(inits)  # an initializer may also be listed as an input (IR < 4 requires it)
+        for node in nodes:
+            label = self._label(node, where)
+            for name in node.input:
+                name = self.name(name, f"{label}: input")
+                if name and name not in defined and name not in outer:
+                    raise self.fail(f"{label} reads '{name}', which is no graph input, initializer or output "
+                                    "of an earlier node (missing initializer, or nodes out of order?)")
+            seen_attrs: set[str] = set()
+            for attr in node.attribute:
+                attr_name = self.name(attr.name, f"{label}: attribute")
+                if attr_name in seen_attrs:
+                    raise self.fail(f"{label} has attribute '{attr_name}' twice")
+                seen_attrs.add(attr_name)
+                scope = frozenset(outer | defined)
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    self.graph(attr.g, scope, f"{label} attribute '{attr_name}'")
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for g in attr.graphs:
+                        self.graph(g, scope, f"{label} attribute '{attr_name}'")
+            for name in node.output:
+                name = self.name(name, f"{label}: output")
+                if not name:
+                    continue
+                if name in defined:
+                    raise self.fail(f"{label} writes '{name}', which is already defined (a graph input, "
+                                    "initializer or another node's output): each value has one producer")
+                defined.add(name)
+        for name in outputs:
+            if name not in defined and name not in outer:
+                raise self.fail(f"{where}: output '{name}' is produced by no node")
+
+    def _label(self, node: onnx.NodeProto, where: str) -> str:
+        name = self.name(node.name, f"{where}: node name")
+        op = f"{_text(node.domain) or 'ai.onnx'}::{_text(node.op_type)}"
+        first = next((o for o in node.output if o), "")
+        shown = name or (f"<{_text(first)}>" if first else "<unnamed>")
+        return f"node '{shown}' ({op}) in {where}" if where != "the main graph" else f"node '{shown}' ({op})"
+
+    def _dims(self, vi: onnx.ValueInfoProto, where: str) -> None:
+        tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if tt is None or not tt.HasField("shape"):
+            return
+        dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in tt.shape.dim]
+        negative = [d for d in dims if isinstance(d, int) and d < 0]
+        if negative:
+            raise self.fail(f"{where}: value '{_text(vi.name)}' has negative dimension {negative[0]} in its "
+                            f"shape {dims}")
 
 
 def write_atomic(path: Path | str, data: bytes) -> None:
@@ -41,8 +150,11 @@ def write_atomic(path: Path | str, data: bytes) -> None:
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise ModelError(f"{path}: directory {directory} does not exist")
+    if path.is_dir():
+        raise ModelError(f"{path}: is a directory, expected a file name to write")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
+        os.fchmod(fd, _mode_for(path))  # mkstemp makes 0600; keep a replaced file's mode, else the umask's
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.replace(tmp, path)

@@ -8,7 +8,10 @@ The pass does the matching, verification, rewiring and cleanup; the rule registe
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -59,8 +62,22 @@ class LowerCustomOpsPass(InPlacePass):
     def call(self, model: ir.Model) -> PassResult:
         registry = self.registry if self.registry is not None else load_schemas()
         self.report = LoweringReport()
-        modified = _Lowering(model, registry, self.options, self.report).run()
+        with _collector_paused():
+            modified = _Lowering(model, registry, self.options, self.report).run()
         return PassResult(model, modified)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector: the pass allocates ~100 objects per emitted node and frees
+    none, so the collector's generation scans (which grow with the heap) cost a third of the pass."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def lower_model(model: ModelT, *, registry: Registry | None = None, onednn_single_output: str = "spec") -> ModelT:
@@ -77,13 +94,14 @@ def lower_model_with_report(model: ModelT, *, registry: Registry | None = None,
         return model, lowering_pass.report
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"lower_model takes an onnx.ModelProto or an onnx_ir.Model, not {type(model).__name__}")
-    try:
-        ir_model = ir.from_proto(model)  # wraps the caller's tensors read-only; externally stored ones stay so
-    except Exception as exc:  # noqa: BLE001 -- a malformed model is the user's input, not our bug
-        raise LoweringError(f"cannot read the model: {exc}") from None
-    lowering_pass(ir_model)
-    lowered = ir.to_proto(ir_model)
-    graphs.restore_trailing_outputs(ir_model, lowered)
+    with _collector_paused():
+        try:
+            ir_model = ir.from_proto(model)  # wraps the caller's tensors read-only; externally stored ones stay so
+        except Exception as exc:  # noqa: BLE001 -- a malformed model is the user's input, not our bug
+            raise LoweringError(f"cannot read the model: {exc}") from None
+        lowering_pass(ir_model)
+        lowered = ir.to_proto(ir_model)
+        graphs.restore_trailing_outputs(ir_model, lowered)
     return lowered, lowering_pass.report
 
 

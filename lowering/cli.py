@@ -25,8 +25,15 @@ def _available_commands():
                 raise
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors, too, are one line on stderr (exit 2), pointing at --help instead of printing the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="oplower",
         description="Verify and lower batch-norm training backward nodes of oneDNN Graph, nGraph, "
                     "DirectML and onnxruntime-training graphs into standard ONNX.")

@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one array per model input, keyed by input name (np.savez); bf16 arrays as NumPy "
                         "stores ml_dtypes.bfloat16 (2-byte void, '|V2') or as ml_dtypes arrays")
     p.add_argument("--outputs", metavar="OUT.npz", help="write every output here (bf16 as '|V2', like np.savez)")
-    p.add_argument("--threads", type=int, metavar="N", help="onnxruntime intra-op threads (default: its own)")
+    p.add_argument("--threads", type=_positive_int, metavar="N", help="onnxruntime intra-op threads (default: its own)")
     p.add_argument("--check", action="store_true",
                    help="also evaluate the original model with the float64 reference and compare")
     p.add_argument("--onednn-single-output", choices=("spec", "upstream"), default="spec",
@@ -38,13 +38,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default), or also freeze the statistics as upstream oneDNN does")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     model_path, inputs_path = Path(args.model), Path(args.inputs)
     outputs_path = Path(args.outputs) if args.outputs else None
     if outputs_path is not None and outputs_path.resolve() in (model_path.resolve(), inputs_path.resolve()):
         raise InputDataError(f"{outputs_path}: refusing to overwrite an input file")
-    if args.threads is not None and args.threads < 1:
-        raise InputDataError(f"--threads must be 1 or more, not {args.threads}")
     model = load_model(model_path)
     feeds = match_inputs(load_npz(inputs_path), model_inputs(model), inputs_path)
 
@@ -97,7 +105,11 @@ def load_npz(path: Path) -> dict[str, np.ndarray]:
             raise InputDataError(f"{path}: a single array (.npy), expected an .npz file (np.savez) keyed by "
                                  "input name")
         with data:
-            return {name: data[name] for name in data.files}
+            arrays = {name: data[name] for name in data.files}
+        for name, value in arrays.items():
+            if not isinstance(value, np.ndarray):  # NpzFile hands back a member that is no .npy as raw bytes
+                raise InputDataError(f"{path}: member '{name}' is not a NumPy array (.npy); save inputs with np.savez")
+        return arrays
     except InputDataError:
         raise
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:

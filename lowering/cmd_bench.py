@@ -6,7 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
+from opdef.errors import OplowerError
+
 HELP = "time the lowered batch-norm backward on the ResNet-50 layers (vs. memory bound and torch) and the pass"
+
+
+class OutputPathError(OplowerError):
+    """The --json file cannot be written where asked."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
         kwargs = {"shapes": bench.TINY, "batch": 2, "reps": 3, "pass_nodes": (1, 10)}
     elif args.shapes:
         kwargs = {"shapes": bench.RESNET50 if args.shapes == "resnet50" else bench.QUICK}
+    if args.json is not None and not (args.json.parent if str(args.json.parent) else Path(".")).is_dir():
+        raise OutputPathError(f"{args.json}: directory {args.json.parent} does not exist (checked before timing)")
     result = bench.run_bench(quick=args.quick, use_torch=not args.no_torch, **kwargs)
     print(bench.markdown(result))
     if args.json:

@@ -83,8 +83,26 @@ def _channel_axis(node: NodeInference, binding: Binding) -> int | None:
     (or 0) stands in. TODO: drop once bn_emit accepts None with stats_keep_rank."""
     if node.channel_axis is not None or binding.layout != "stats_broadcast" or node.rank is None:
         return node.channel_axis
-    kept = [a for a in range(node.rank) if a not in (node.reduce_axes or ())]
+    if node.reduce_axes is None:  # guessing would sum over the wrong axes
+        stats = [node.input_types[i] for i, v in enumerate(node.inputs) if v and v == node.roles.get("mean")]
+        shape = stats[0].shape if stats and stats[0] is not None else None
+        raise LoweringError(f"{node.domain} {node.op_type} '{node.node_name}': cannot tell which axes the "
+                            f"statistics reduce: mean has shape {_dims(shape)}, src {_dims(_src_shape(node))}; "
+                            "declare the statistics' shape with 1 on every reduced axis and src's size (or "
+                            "symbol) on the others")
+    kept = [a for a in range(node.rank) if a not in node.reduce_axes]
     return kept[0] if kept else 0
+
+
+def _dims(shape) -> str:
+    return "unknown" if shape is None else "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _src_shape(node: NodeInference):
+    for value, t in zip(node.inputs, node.input_types, strict=False):
+        if value and value == node.roles.get("src"):
+            return None if t is None else t.shape
+    return None
 
 
 def _required(request: LoweringRequest, role: str) -> str:

@@ -228,8 +228,15 @@ def test_directml_statistics_over_several_axes():
 
 def test_directml_symbolic_statistics_leave_reduce_axes_open():
     e = entry(DIRECTML)
-    inf = infer(DIRECTML, value_types(e, ("N", "C", 7, 7), stat_shape=(1, "C", 1, 1)))
+    inf = infer(DIRECTML, value_types(e, ("N", "C", 7, 7), stat_shape=(1, "K", 1, 1)))
     assert inf.reduce_axes is None and inf.channel_axis is None
+
+
+def test_directml_statistics_sharing_src_symbols_decide_reduce_axes():
+    """A stats dim with src's own symbol is kept (if it is 1 at run time, summing over it changes nothing)."""
+    e = entry(DIRECTML)
+    inf = infer(DIRECTML, value_types(e, ("N", "C", 7, 7), stat_shape=(1, "C", 1, 1)))
+    assert inf.reduce_axes == (0, 2, 3) and inf.channel_axis == 1
 
 
 def test_declared_output_types_merge_with_the_inference():

@@ -60,9 +60,9 @@ def batch_norm_backward(ctx: NodeContext) -> RuleResult:
         stat_shape, rank = _broadcast_stats(ctx, stats, src, data_shape)
         reduce_axes = None
         channel_axis = None
-        if stat_shape is not None and all(isinstance(d, int) for d in stat_shape):
-            reduce_axes = tuple(i for i, d in enumerate(stat_shape) if d == 1)
-            kept = [i for i, d in enumerate(stat_shape) if d != 1]
+        reduce_axes = None if stat_shape is None else _keep_rank_reduce_axes(stat_shape, data_shape)
+        if reduce_axes is not None:
+            kept = [i for i in range(len(stat_shape)) if i not in reduce_axes]
             channel_axis = kept[0] if len(kept) == 1 else None
         if data_shape is None and stat_shape is not None:
             data_shape = (None,) * len(stat_shape)
@@ -215,6 +215,20 @@ def _broadcast_stats(ctx: NodeContext, stats: Sequence[str], src: str, data_shap
     if merged is None and rank is not None:
         merged = (None,) * rank
     return merged, rank
+
+
+def _keep_rank_reduce_axes(stat_shape, data_shape) -> tuple[int, ...] | None:
+    """The axes keep-rank statistics reduce: where their dim is 1. A dim equal to src's (the same size or
+    the same symbol) is kept, even if it turns out to be 1 at run time (a sum over one element changes
+    nothing). None when a symbolic or unknown dim could be either 1 or src's: only run time would tell."""
+    reduced = []
+    for axis, d in enumerate(stat_shape):
+        x = None if data_shape is None else data_shape[axis]
+        if d == 1:
+            reduced.append(axis)
+        elif not isinstance(d, int) and (d is None or d != x):
+            return None
+    return tuple(reduced)
 
 
 # -- outputs and types -----------------------------------------------------------------------------

@@ -37,6 +37,9 @@ def load_model(path: Path | str, load_external_data: bool = True) -> onnx.ModelP
     return model
 
 
+_ELEM_TYPES = frozenset(onnx.TensorProto.DataType.values())
+
+
 def _mode_for(path: Path) -> int:
     try:
         return stat.S_IMODE(path.stat().st_mode)
@@ -135,6 +138,8 @@ class _Structure:
 
     def _dims(self, vi: onnx.ValueInfoProto, where: str) -> None:
         tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if tt is not None and tt.elem_type not in _ELEM_TYPES:
+            raise self.fail(f"{where}: value '{_text(vi.name)}' has unknown element type {tt.elem_type}")
         if tt is None or not tt.HasField("shape"):
             return
         dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in tt.shape.dim]

@@ -47,4 +47,8 @@ def normalize_type(name: str) -> str:
 
 
 def type_name(elem_type: int) -> str:
-    return SPEC_TYPE_NAME.get(elem_type, TensorProto.DataType.Name(elem_type).lower())
+    if elem_type in SPEC_TYPE_NAME:
+        return SPEC_TYPE_NAME[elem_type]
+    if elem_type in TensorProto.DataType.values():
+        return TensorProto.DataType.Name(elem_type).lower()
+    return f"unknown element type {elem_type}"  # a corrupted or newer model: still say what is there

@@ -475,3 +475,29 @@ case("function-undefined-input", ModelError, "node 'bn_fn'", "'nowhere'", "funct
     lambda m: _into_function(m, lambda n: n.input.__setitem__(2, "nowhere")))
 case("function-output-not-produced", ModelError, "function local::BnFn", "output 'bn.diff_src'")(
     lambda m: _into_function(m, lambda n: n.output.__setitem__(0, "other")))
+
+
+@case("elem-type-unknown", ModelError, "bn.diff_src", "unknown element type 99")
+def _(m):
+    _retype(m, "bn.diff_src", elem=99)
+
+
+# -- keep-rank statistics (DirectML) with symbolic dims ------------------------------------------------------
+
+def _stat_dim(m, axis, value):
+    for vi in m.graph.input:
+        if vi.name in ("bn.mean", "bn.variance", "bn.gamma"):
+            dim = vi.type.tensor_type.shape.dim[axis]
+            if isinstance(value, str):
+                dim.dim_param = value
+            else:
+                dim.dim_value = value
+
+
+@case("directml-stats-own-symbol", LoweringError, "'bn'", "cannot tell which axes", "[1,k,1]", op=DIRECTML,
+      shape=(2, 3, 4), symbolic=(1,))
+def _(m):
+    _stat_dim(m, 1, "k")
+
+
+case("directml-stats-src-symbol", None, op=DIRECTML, shape=(2, 1, 2), symbolic=(1,))(lambda m: None)

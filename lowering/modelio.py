@@ -64,6 +64,22 @@ def check_structure(model: onnx.ModelProto, source: str = "the model") -> None:
     for function in model.functions:
         where = f"function {_text(function.domain)}::{_text(function.name)}"
         _Structure(source).body(list(function.input), (), function.node, list(function.output), frozenset(), where)
+    _check_strings(model, "model", source)
+
+
+def _check_strings(message, where: str, source: str) -> None:
+    """Every string field valid UTF-8 (protobuf hands back bytes for one that is not): graph and function
+    names, domains, doc strings, metadata ... (tensor contents are not looked at)."""
+    for field, value in message.ListFields():
+        repeated = field.is_repeated
+        if field.type == field.TYPE_STRING:
+            for i, text in enumerate(value if repeated else [value]):
+                if not isinstance(text, str):
+                    at = f"{where}.{field.name}" + (f"[{i}]" if repeated else "")
+                    raise ModelError(f"{source}: {at} is not valid UTF-8: {text!r}")
+        elif field.type == field.TYPE_MESSAGE and field.message_type.name != "TensorProto":
+            for i, item in enumerate(value if repeated else [value]):
+                _check_strings(item, f"{where}.{field.name}" + (f"[{i}]" if repeated else ""), source)
 
 
 def _text(name: str | bytes) -> str:
@@ -111,12 +127,11 @@ class _Structure:
                 if attr_name in seen_attrs:
                     raise self.fail(f"{label} has attribute '{attr_name}' twice")
                 seen_attrs.add(attr_name)
-                scope = frozenset(outer | defined)
                 if attr.type == onnx.AttributeProto.GRAPH:
-                    self.graph(attr.g, scope, f"{label} attribute '{attr_name}'")
+                    self.graph(attr.g, frozenset(outer | defined), f"{label} attribute '{attr_name}'")
                 elif attr.type == onnx.AttributeProto.GRAPHS:
                     for g in attr.graphs:
-                        self.graph(g, scope, f"{label} attribute '{attr_name}'")
+                        self.graph(g, frozenset(outer | defined), f"{label} attribute '{attr_name}'")
             for name in node.output:
                 name = self.name(name, f"{label}: output")
                 if not name:

@@ -39,6 +39,10 @@ ALL_ROLES = ("diff_src", "diff_gamma", "diff_beta")
 
 SPECS = default_spec_dir()
 BUNDLED = sorted(p for p in SPECS.rglob("*") if p.suffix in (".rst", ".md") and p.parent.name != "_include")
+# Random data may make an output nearly cancel (a diff_beta over one channel of 100 values summing to ~0), so
+# no f32 summation is within 2e-6 of the output's own scale; a wrong axis, layout or formula is off by O(1).
+# The strict tolerance is test_lowering's, on data whose outputs do not cancel.
+PROPERTY_REL = 1e-4
 FUZZ = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
@@ -89,8 +93,8 @@ def test_random_nodes_lower_to_the_float64_answer(registry, cases):
     lowered = lower_model(example.model, registry=registry)
     onnx.checker.check_model(lowered, full_check=True)
     got = run_model(lowered, example.feeds)
-    bad = [r.describe() for r in (compare(name, example.expected[name], got[name], example.output_types[name])
-                                  for name in example.expected) if not r.ok]
+    bad = [r.describe() for r in (compare(name, example.expected[name], got[name], example.output_types[name],
+                                          rel=PROPERTY_REL) for name in example.expected) if not r.ok]
     assert not bad, "\n".join(bad)
 
 

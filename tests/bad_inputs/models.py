@@ -88,6 +88,9 @@ _bytes_case("bytes-zeros", lambda b: bytes(64), "")
 _bytes_case("bytes-ff", lambda b: b"\xff" * 64, "not a readable ONNX model")
 _bytes_case("bytes-zip", lambda b: b"PK\x03\x04" + bytes(60), "not a readable ONNX model")
 _bytes_case("bytes-npy", lambda b: b"\x93NUMPY\x01\x00" + bytes(56), "not a readable ONNX model")
+_bytes_case("bytes-bad-utf8-graph-name", lambda b: b.replace(b"examples", b"\xe5xamples"), "model.graph.name",
+            "UTF-8")
+_bytes_case("bytes-bad-utf8-domain", lambda b: b.replace(b":\x06onednn", b":\x06\xffnednn", 1), "domain", "UTF-8")
 _bytes_case("bytes-empty-model", lambda b: onnx.ModelProto(ir_version=10).SerializeToString(), "no graph")
 _bytes_case("bytes-bad-utf8-name", lambda b: b.replace(b"bn.mean", b"bn.m\xffan"), "b'bn.m\\xffan'", "UTF-8")
 _bytes_case("bytes-bad-utf8-node-name", lambda b: b.replace(b"\x1a\x02bn", b"\x1a\x02\xc3\x28", 1),

@@ -134,9 +134,14 @@ def _external_locations(model: onnx.ModelProto) -> set[str]:
 
 def _carry_external_data(model: onnx.ModelProto, source_dir: Path, target_dir: Path) -> None:
     """External data files stay where they are for an output beside the input; else they are copied along."""
+    locations = sorted(_external_locations(model))
+    for location in locations:  # onnx refuses to load these; copying one would write outside target_dir
+        if Path(location).is_absolute() or ".." in Path(location).parts:
+            raise ModelError(f"external data location {location!r} points outside the model's directory "
+                             f"{source_dir}; onnx refuses such models (keep data files beside the model)")
     if _same_file(source_dir, target_dir):
         return
-    for location in sorted(_external_locations(model)):
+    for location in locations:
         src, dst = source_dir / location, target_dir / location
         if not src.is_file():
             raise ModelError(f"{src}: external data file of the model is missing")

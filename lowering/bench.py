@@ -153,7 +153,9 @@ def time_case(layout: str, dtype: str, channels: int, size: int, batch: int, rep
     feeds = {"src": x, "diff_dst": dy, "mean": vec * 0, "variance": vec, "gamma": vec}
     outputs = {"diff_src_0": np.empty(shape, x.dtype), "diff_gamma_0": np.empty_like(vec),
                "diff_beta_0": np.empty_like(vec)}
-    prepared = PreparedModel(model)
+    # no spinning: on 2 cores, onnxruntime workers that spin after a run steal the cores from the next
+    # runner (torch, or onnxruntime itself behind torch's OpenMP threads); measured faster for both sides
+    prepared = PreparedModel(model, allow_spinning=False)
     prepared.bind(feeds, outputs)
     runners = {"ort": prepared.run_bound}
     if torch is not None:

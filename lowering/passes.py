@@ -22,6 +22,7 @@ from onnx_ir.passes import InPlacePass, PassResult
 from lowering import graphs
 from lowering.builder import NodeBuilder
 from lowering.compat import runtime_ir_version
+from lowering.modelio import check_structure
 from lowering.rules import LoweringOptions, LoweringRequest, rule_for
 from opdef.errors import LoweringError
 from opdef.node import TensorType
@@ -94,6 +95,7 @@ def lower_model_with_report(model: ModelT, *, registry: Registry | None = None,
         return model, lowering_pass.report
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"lower_model takes an onnx.ModelProto or an onnx_ir.Model, not {type(model).__name__}")
+    check_structure(model)  # a broken graph gets a precise ModelError, not onnx-ir's deserialization failure
     with _collector_paused():
         try:
             ir_model = ir.from_proto(model)  # wraps the caller's tensors read-only; externally stored ones stay so

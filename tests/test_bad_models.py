@@ -17,7 +17,7 @@ from bad_inputs.models import CASES
 
 from lowering.modelio import load_model
 from lowering.passes import lower_model
-from opdef.errors import OplowerError
+from opdef.errors import ModelError, OplowerError
 from opdef.registry import load_schemas
 from opdef.verify import verify_model
 
@@ -55,3 +55,13 @@ def test_corrupted_model(case, tmp_path):
 
 def core_case_count() -> int:
     return len(CASES)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.error is ModelError and not c.id.startswith("bytes-")
+                                  and "opset import" not in " ".join(c.fragments)], ids=lambda c: c.id)
+def test_lower_model_on_a_proto_checks_the_graph_too(case):
+    """The library path without load_model: lower_model(ModelProto) gives the same ModelError."""
+    with pytest.raises(ModelError) as info:
+        lower_model(onnx.load_from_string(case.make()), registry=load_schemas())
+    for fragment in case.fragments:
+        assert fragment in str(info.value)

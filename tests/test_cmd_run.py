@@ -154,20 +154,7 @@ def _custom_model():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("onednn", 1)])
 
 
-@pytest.fixture
-def lowering_available():
-    try:
-        import lowering
-
-        lowering.lower_model  # noqa: B018
-        from opdef.registry import load_schemas
-
-        load_schemas()
-    except Exception as exc:  # noqa: BLE001 -- colleagues' parts still landing
-        pytest.skip(f"lowering is not available yet: {exc}")
-
-
-def test_custom_nodes_are_lowered_then_run_and_checked(tmp_path, capsys, lowering_available):
+def test_custom_nodes_are_lowered_then_run_and_checked(tmp_path, capsys):
     model_path = _save(tmp_path, _custom_model())
     rng = np.random.default_rng(0)
     feeds = {"src": rng.normal(size=(2, 3, 4, 4)).astype(np.float32),
@@ -189,7 +176,7 @@ def test_custom_nodes_are_lowered_then_run_and_checked(tmp_path, capsys, lowerin
     assert model_path.read_bytes() == before
 
 
-def test_unknown_custom_domain_is_a_clear_error(tmp_path, capsys, lowering_available):
+def test_unknown_custom_domain_is_a_clear_error(tmp_path, capsys):
     graph = helper.make_graph([helper.make_node("Mystery", ["x"], ["y"], name="m1", domain="acme")], "g",
                               [helper.make_tensor_value_info("x", F32, [2])], [helper.make_tensor_value_info("y", F32,
                                                                                                           [2])])

@@ -16,42 +16,64 @@ class NodeBuilder:
     ``fresh(hint)`` returns value names that collide with nothing in the model (the pass supplies the
     predicate for names already taken); ``opset`` is the model's default-domain opset version, which
     decides e.g. whether ReduceSum takes ``axes`` as an attribute (< 13) or an input (>= 13).
+
+    The pass may hand in ``into``, the node list of the graph being rebuilt (nodes are created in place
+    there, never copied), and ``constants``, the graph's Constant nodes so far by value: a constant
+    another node of the graph already emitted is reused, not emitted again.
     """
 
-    def __init__(self, opset: int, prefix: str, is_taken: Callable[[str], bool] = lambda _: False) -> None:
+    def __init__(self, opset: int, prefix: str, is_taken: Callable[[str], bool] = lambda _: False, *,
+                 into: Any = None, constants: dict[tuple, str] | None = None) -> None:
         self.opset = opset
         self.prefix = prefix
         self._is_taken = is_taken
-        self._used: set[str] = set()
+        self.used_names: set[str] = set()
+        self._into = into if into is not None else onnx.GraphProto().node
         self.nodes: list[onnx.NodeProto] = []
+        # (inputs, outputs) of each node as emitted: the pass checks and prunes without reading protos back
+        self.signatures: list[tuple[list[str], list[str]]] = []
+        self.constants = constants if constants is not None else {}
+        self.new_constants: dict[str, tuple] = {}  # value name -> key, for the constants this builder emitted
         self._counter = 0
 
     def fresh(self, hint: str) -> str:
         while True:
             self._counter += 1
             name = f"{self.prefix}/{hint}_{self._counter}"
-            if name not in self._used and not self._is_taken(name):
-                self._used.add(name)
+            if name not in self.used_names and not self._is_taken(name):
+                self.used_names.add(name)
                 return name
 
     def op(self, op_type: str, inputs: Sequence[str], outputs: Sequence[str] | int = 1,
            hint: str | None = None, **attrs: Any) -> list[str]:
         """Append one default-domain node; returns its output names (fresh ones when given a count)."""
         if isinstance(outputs, int):
-            outputs = [self.fresh(hint or op_type.lower()) for _ in range(outputs)]
-        node = helper.make_node(op_type, list(inputs), list(outputs),
-                                name=self.fresh(hint or op_type), **attrs)
+            value_hint = hint or op_type.lower()
+            outputs = [self.fresh(value_hint) for _ in range(outputs)]
+        else:
+            outputs = list(outputs)
+        inputs = list(inputs)
+        node = self._into.add(op_type=op_type, input=inputs, output=outputs, name=self.fresh(hint or op_type))
+        if attrs:
+            node.attribute.extend(helper.make_attribute(key, value) for key, value in sorted(attrs.items())
+                                  if value is not None)
         self.nodes.append(node)
-        return list(outputs)
+        self.signatures.append((inputs, outputs))
+        return outputs
 
     def op1(self, op_type: str, inputs: Sequence[str], output: str | None = None,
             hint: str | None = None, **attrs: Any) -> str:
         return self.op(op_type, inputs, [output] if output else 1, hint=hint, **attrs)[0]
 
     def const(self, value: Any, dtype: Any = None, hint: str = "const") -> str:
-        """A constant tensor as a Constant node (valid in graphs, subgraphs and functions alike)."""
+        """A constant tensor as a Constant node (valid in graphs, subgraphs and functions alike); one node
+        per distinct value."""
         array = np.asarray(value, dtype=dtype)
-        name = self.fresh(hint)
-        self.nodes.append(helper.make_node("Constant", [], [name], name=self.fresh(hint + "_node"),
-                                           value=numpy_helper.from_array(array, name)))
+        key = (array.dtype.str, array.shape, array.tobytes())
+        name = self.constants.get(key)
+        if name is None:
+            name = self.fresh(hint)
+            self.op("Constant", [], [name], hint=hint + "_node", value=numpy_helper.from_array(array, name))
+            self.constants[key] = name
+            self.new_constants[name] = key
         return name

@@ -1,180 +1,177 @@
-"""onnx-ir graph plumbing the pass needs: walking every graph, names in use, known value types, opsets.
+"""Graph plumbing the pass needs, on ONNX protos: walking graphs, names in use, value types, opsets.
 
-Nothing here knows about any particular op.
+Nothing here knows about any particular op. Every helper is one walk over what it is given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import onnx
-import onnx_ir as ir
-from onnx_ir.traversal import RecursiveGraphIterator
+from onnx import AttributeProto
 
 from opdef.node import TensorType
+from opdef.verify import tensor_type_from_proto
 
-GraphLike = ir.Graph | ir.Function
-
-
-def all_nodes(model: ir.Model) -> Iterator[tuple[ir.Function | None, ir.Node]]:
-    """Every node of the model: main graph, If/Loop/Scan bodies (recursively), model-local functions.
-
-    Yields ``(function, node)``, ``function`` being the model-local function the node lives in (None in
-    the main graph or its subgraphs). Order: the main graph first, each graph in node order with a
-    node's subgraphs right after the node, so producers come before consumers.
-    """
-    for node in RecursiveGraphIterator(model.graph):
-        yield None, node
-    for function in model.functions.values():
-        for node in RecursiveGraphIterator(function):
-            yield function, node
+GraphLike = onnx.GraphProto | onnx.FunctionProto
+FunctionKey = tuple[str, str, str]  # (domain, name, overload), as a calling node spells it
 
 
-def names_in_use(model: ir.Model) -> set[str]:
+def function_key(function: onnx.FunctionProto) -> FunctionKey:
+    return function.domain, function.name, function.overload
+
+
+def call_key(node: onnx.NodeProto) -> FunctionKey:
+    return node.domain, node.op_type, node.overload
+
+
+def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The If/Loop/Scan bodies (any graph-valued attribute) of ``node``."""
+    for attr in node.attribute:
+        if attr.type == AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def all_nodes(graph: GraphLike) -> Iterator[onnx.NodeProto]:
+    """Every node of ``graph`` and of its subgraphs (recursively), a node's subgraphs right after it."""
+    for node in graph.node:
+        yield node
+        if node.attribute:
+            for sub in subgraphs(node):
+                yield from all_nodes(sub)
+
+
+def model_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    yield from all_nodes(model.graph)
+    for function in model.functions:
+        yield from all_nodes(function)
+
+
+def names_in_use(model: onnx.ModelProto) -> set[str]:
     """Every value, node, graph input/initializer name anywhere in the model (subgraphs, functions)."""
     names: set[str] = set()
 
     def graph_names(graph: GraphLike) -> None:
-        names.update(v.name for v in graph.inputs if v.name)
-        names.update(v.name for v in graph.outputs if v.name)
-        if isinstance(graph, ir.Graph):
-            names.update(graph.initializers)
+        if isinstance(graph, onnx.FunctionProto):
+            names.update(graph.input)
+            names.update(graph.output)
+        else:
+            names.update(v.name for v in graph.input)
+            names.update(v.name for v in graph.output)
+            names.update(t.name for t in graph.initializer)
+            names.update(t.values.name for t in graph.sparse_initializer)
+        for node in graph.node:
+            names.add(node.name)
+            names.update(node.input)
+            names.update(node.output)
+            if node.attribute:
+                for sub in subgraphs(node):
+                    graph_names(sub)
 
     graph_names(model.graph)
-    for function in model.functions.values():
+    for function in model.functions:
         graph_names(function)
-    for _, node in all_nodes(model):
-        if node.name:
-            names.add(node.name)
-        names.update(v.name for v in node.inputs if v is not None and v.name)
-        names.update(v.name for v in node.outputs if v.name)
-        for attr in node.attributes.values():
-            if isinstance(attr, ir.Attr) and attr.type == ir.AttributeType.GRAPH:
-                graph_names(attr.value)
-            elif isinstance(attr, ir.Attr) and attr.type == ir.AttributeType.GRAPHS:
-                for graph in attr.value:
-                    graph_names(graph)
+    names.discard("")
     return names
 
 
-def tensor_type(value: ir.Value | None) -> TensorType | None:
-    """The value's declared tensor type, or None when it declares nothing useful."""
-    if value is None or value.type is None or not isinstance(value.type, ir.TensorType):
-        return None
-    elem = int(value.type.dtype) or None
-    shape = None
-    if value.shape is not None:
-        shape = tuple(d if isinstance(d, int) else (d.value or None) for d in value.shape)
-    return TensorType(elem, shape)
+def names_read(graph: GraphLike) -> set[str]:
+    """Names something reads: a node of the graph or of a subgraph (implicit captures included), or an output.
+
+    Names are unique across a graph and its subgraphs (SSA), so one set serves the whole tree.
+    """
+    read: set[str] = set(graph.output) if isinstance(graph, onnx.FunctionProto) else {v.name for v in graph.output}
+    for node in graph.node:
+        read.update(node.input)
+        if node.attribute:
+            for sub in subgraphs(node):
+                read |= names_read(sub)
+    read.discard("")
+    return read
 
 
-def set_tensor_type(value: ir.Value, t: TensorType | None) -> None:
-    if t is None or t.elem_type is None:
-        return
-    value.type = ir.TensorType(ir.DataType(t.elem_type))
-    if t.shape is not None:
-        value.shape = ir.Shape(list(t.shape))
+def call_site_input_types(function: onnx.FunctionProto, sites: Iterable[tuple[TensorType | None, ...]],
+                          declared: Mapping[str, TensorType | None]) -> dict[str, TensorType]:
+    """Types for a model-local function's inputs that all its call sites agree on (functions declare none).
+
+    ``sites`` holds, per call site, the types of its arguments; ``declared`` what the function declares.
+    """
+    sites = list(sites)
+    found: dict[str, TensorType] = {}
+    if not sites:
+        return found
+    for i, param in enumerate(function.input):
+        if declared.get(param) is not None:
+            continue
+        seen = {site[i] if i < len(site) else None for site in sites}
+        if len(seen) == 1 and None not in seen:
+            found[param] = seen.pop()
+    return found
 
 
-def is_consumed(value: ir.Value) -> bool:
-    """Consumed by a node (here or in a subgraph) or an output of its graph or function."""
-    return bool(value.uses()) or value.is_graph_output()
+def functions_callers_first(model: onnx.ModelProto) -> list[onnx.FunctionProto]:
+    """The model-local functions, each after every function that calls it (functions cannot recurse), so
+    that a function's call sites are all lowered, and their argument types known, before it is."""
+    by_key = {function_key(f): f for f in model.functions}
+    callees = {key: {call_key(n) for n in all_nodes(f)} & by_key.keys() for key, f in by_key.items()}
+    callers: dict[FunctionKey, int] = dict.fromkeys(by_key, 0)
+    for key, called in callees.items():
+        for callee in called - {key}:
+            callers[callee] += 1
+    order: list[onnx.FunctionProto] = []
+    ready = [key for key in by_key if callers[key] == 0]
+    while ready:
+        key = ready.pop(0)
+        order.append(by_key[key])
+        for callee in sorted(callees[key] - {key}):
+            callers[callee] -= 1
+            if callers[callee] == 0:
+                ready.append(callee)
+    seen = {id(f) for f in order}
+    return order + [f for f in model.functions if id(f) not in seen]  # a call cycle (invalid): model order
 
 
-def call_site_input_types(model: ir.Model, types: dict[ir.Value, TensorType]) -> None:
-    """Give a model-local function's inputs the types all its call sites agree on (functions declare none)."""
-    calls: dict[tuple[str, str, str], list[ir.Node]] = {}
-    for _, node in all_nodes(model):
-        calls.setdefault((node.domain, node.op_type, node.overload), []).append(node)
-    for key, function in model.functions.items():
-        sites = calls.get(key, [])
-        for i, param in enumerate(function.inputs):
-            if tensor_type(param) is not None or not sites:
-                continue
-            seen = set()
-            for site in sites:
-                arg = site.inputs[i] if i < len(site.inputs) else None
-                seen.add((types.get(arg) or tensor_type(arg)) if arg is not None else None)
-            if len(seen) == 1 and None not in seen:
-                types[param] = seen.pop()
-
-
-def inferred_types(model: ir.Model) -> dict[str, TensorType]:
+def inferred_types(model: onnx.ModelProto) -> dict[str, TensorType]:
     """Types onnx shape inference finds in the main graph and its subgraphs, by value name.
 
     Used only when a custom node's inputs declare no type (no value_info). Tensors stored externally stay
     references; an inference failure just means no extra information.
     """
     try:
-        proto = onnx.shape_inference.infer_shapes(ir.to_proto(model))
+        proto = onnx.shape_inference.infer_shapes(model)
     except Exception:  # noqa: BLE001 -- best effort: the verifier reports what stays unknown
         return {}
     found: dict[str, TensorType] = {}
 
     def visit(graph: onnx.GraphProto) -> None:
         for info in [*graph.input, *graph.value_info, *graph.output]:
-            t = _proto_tensor_type(info.type)
-            if t is not None:
+            t = tensor_type_from_proto(info.type)
+            if t is not None and t.elem_type is not None:
                 found.setdefault(info.name, t)
         for node in graph.node:
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    visit(attr.g)
-                for sub in attr.graphs:
-                    visit(sub)
+            for sub in subgraphs(node):
+                visit(sub)
 
     visit(proto.graph)
     return found
 
 
-def _proto_tensor_type(type_proto: onnx.TypeProto) -> TensorType | None:
-    if not type_proto.HasField("tensor_type") or not type_proto.tensor_type.elem_type:
-        return None
-    tensor = type_proto.tensor_type
-    shape = None
-    if tensor.HasField("shape"):
-        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
-    return TensorType(tensor.elem_type, shape)
+def opset_versions(opset_import: Iterable[onnx.OperatorSetIdProto]) -> dict[str, int]:
+    return {o.domain: o.version for o in opset_import}
 
 
-def domains_used(graph: GraphLike) -> set[str]:
-    return {node.domain for node in RecursiveGraphIterator(graph)}
+def default_opset(opset_import: Iterable[onnx.OperatorSetIdProto]) -> int | None:
+    versions = opset_versions(opset_import)
+    return versions.get("", versions.get("ai.onnx"))
 
 
-def drop_unused_opsets(model: ir.Model, removable: frozenset[str]) -> None:
-    """Remove opset imports of the ``removable`` domains that no node (model or function) uses any more."""
-    model_used = domains_used(model.graph)
-    for function in model.functions.values():
-        used = domains_used(function)
-        model_used |= used
-        for domain in [d for d in function.opset_imports if d in removable and d not in used]:
-            del function.opset_imports[domain]
-    for domain in [d for d in model.opset_imports if d in removable and d not in model_used]:
-        del model.opset_imports[domain]
-
-
-def restore_trailing_outputs(model: ir.Model, proto: onnx.ModelProto) -> None:
-    """Give every node of ``proto`` (``model`` serialized) back the trailing empty outputs it has in ``model``.
-
-    onnx-ir's serializer drops them (ConvGrad's ``['', 'dW', '']`` comes out as ``['', 'dW']``): equivalent
-    ONNX, but a node the pass did not touch must come back as it was. One walk, nodes in the same order.
-    """
-    _restore_graph(model.graph, proto.graph)
-    for function, function_proto in zip(model.functions.values(), proto.functions, strict=True):
-        _restore_graph(function, function_proto)
-
-
-def _restore_graph(graph: GraphLike, graph_proto: onnx.GraphProto | onnx.FunctionProto) -> None:
-    for node, node_proto in zip(graph, graph_proto.node, strict=True):
-        missing = len(node.outputs) - len(node_proto.output)
-        if missing > 0:
-            node_proto.output.extend([""] * missing)
-        for attr_proto in node_proto.attribute:
-            attr = node.attributes.get(attr_proto.name)
-            if not isinstance(attr, ir.Attr):
-                continue
-            if attr.type == ir.AttributeType.GRAPH:
-                _restore_graph(attr.value, attr_proto.g)
-            elif attr.type == ir.AttributeType.GRAPHS:
-                for sub, sub_proto in zip(attr.value, attr_proto.graphs, strict=True):
-                    _restore_graph(sub, sub_proto)
+def drop_opsets(opset_import, domains: Iterable[str]) -> None:
+    """Remove the imports of ``domains`` from a repeated OperatorSetIdProto field."""
+    drop = set(domains)
+    keep = [o for o in opset_import if o.domain not in drop]
+    if len(keep) != len(opset_import):
+        kept = [(o.domain, o.version) for o in keep]
+        del opset_import[:]
+        opset_import.extend(onnx.OperatorSetIdProto(domain=d, version=v) for d, v in kept)

@@ -1,16 +1,18 @@
 """The lowering pass: replace every custom node the registry knows by standard ONNX nodes.
 
-The pass does the matching, verification, rewiring and cleanup; the rule registered for the node's
-``binding.rule`` only emits nodes (:mod:`lowering.rules`). It runs on onnx-ir models in place
-(:class:`LowerCustomOpsPass`, for pass pipelines); :func:`lower_model` wraps it for ``onnx.ModelProto``
-(a new model; the caller's is never touched) and for ``onnx_ir.Model``.
+The pass does the matching, verification, placement and cleanup; the rule registered for the node's
+``binding.rule`` only emits nodes (:mod:`lowering.rules`). It works on ``onnx.ModelProto``: a rule writes
+the custom node's own output names (its intermediates get fresh ones), so nothing needs rewiring; each
+graph's node list is rebuilt once, the custom node replaced in place by what its rule emitted, every other
+node kept as it was. :func:`lower_model` returns a new ``ModelProto`` (the caller's is never touched);
+:class:`LowerCustomOpsPass` wraps the same work as an onnx-ir pass (:mod:`lowering.ir_bridge`).
 """
 
 from __future__ import annotations
 
 import gc
-from collections import Counter
-from collections.abc import Iterator
+from collections import ChainMap, Counter
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -19,7 +21,7 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes import InPlacePass, PassResult
 
-from lowering import graphs
+from lowering import graphs, ir_bridge
 from lowering.builder import NodeBuilder
 from lowering.compat import runtime_ir_version
 from lowering.modelio import check_structure
@@ -27,11 +29,13 @@ from lowering.rules import LoweringOptions, LoweringRequest, rule_for
 from opdef.errors import LoweringError
 from opdef.node import TensorType
 from opdef.registry import Registry, load_schemas
+from opdef.verify import infer_node, tensor_type_to_proto, value_types_of_graph
 
 DEFAULT_OPSET = 17  # declared when a model imports no default-domain opset at all
 MIN_OPSET = 12  # ReduceSum & co. as the rules emit them; onnxruntime-training writes opset 12
 
 ModelT = TypeVar("ModelT", onnx.ModelProto, ir.Model)
+Types = Mapping[str, TensorType | None]
 
 
 @dataclass
@@ -51,7 +55,8 @@ class LowerCustomOpsPass(InPlacePass):
     """onnx-ir pass: lower every registered custom node, in the main graph, subgraphs and functions.
 
     ``modified`` is True when at least one node was lowered (or the IR version / opsets had to change).
-    After a call, ``self.report`` holds the :class:`LoweringReport`.
+    After a call, ``self.report`` holds the :class:`LoweringReport`. The model is serialized, lowered as
+    a proto and its graph and functions swapped back into the given ``ir.Model``.
     """
 
     def __init__(self, registry: Registry | None = None, *, onednn_single_output: str = "spec") -> None:
@@ -64,14 +69,17 @@ class LowerCustomOpsPass(InPlacePass):
         registry = self.registry if self.registry is not None else load_schemas()
         self.report = LoweringReport()
         with _collector_paused():
-            modified = _Lowering(model, registry, self.options, self.report).run()
+            proto = ir_bridge.to_proto(model)
+            lowered, modified = lower_proto(proto, registry, self.options, self.report)
+            if modified:
+                ir_bridge.swap_into(model, lowered)
         return PassResult(model, modified)
 
 
 @contextmanager
 def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector: the pass allocates ~100 objects per emitted node and frees
-    none, so the collector's generation scans (which grow with the heap) cost a third of the pass."""
+    """Pause Python's cyclic garbage collector: the pass allocates many objects per emitted node and frees
+    none, so the collector's generation scans (which grow with the heap) would cost a third of the pass."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -95,187 +103,229 @@ def lower_model_with_report(model: ModelT, *, registry: Registry | None = None,
         return model, lowering_pass.report
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"lower_model takes an onnx.ModelProto or an onnx_ir.Model, not {type(model).__name__}")
-    check_structure(model)  # a broken graph gets a precise ModelError, not onnx-ir's deserialization failure
+    check_structure(model)  # a broken graph gets a precise ModelError, not a failure halfway through
+    report = LoweringReport()
     with _collector_paused():
-        try:
-            ir_model = ir.from_proto(model)  # wraps the caller's tensors read-only; externally stored ones stay so
-        except Exception as exc:  # noqa: BLE001 -- a malformed model is the user's input, not our bug
-            raise LoweringError(f"cannot read the model: {exc}") from None
-        lowering_pass(ir_model)
-        lowered = ir.to_proto(ir_model)
-        graphs.restore_trailing_outputs(ir_model, lowered)
-    return lowered, lowering_pass.report
+        lowered, _ = lower_proto(model, registry if registry is not None else load_schemas(),
+                                 lowering_pass.options, report)
+    return lowered, report
+
+
+def lower_proto(model: onnx.ModelProto, registry: Registry, options: LoweringOptions,
+                report: LoweringReport) -> tuple[onnx.ModelProto, bool]:
+    """The pass itself: a lowered copy of ``model`` (never modified) and whether anything changed."""
+    return _Lowering(model, registry, options, report).run()
+
+
+@dataclass
+class _Scope:
+    """One graph being lowered: its value types (outer scopes' visible), what its tree reads, its opset."""
+
+    graph: onnx.GraphProto | onnx.FunctionProto
+    types: ChainMap | dict  # value name -> TensorType; lowered outputs are added as they appear
+    reads: set[str]  # names consumed anywhere in the tree (main graph or function) the graph belongs to
+    root: _Root
+    constants: dict[tuple, str] = field(default_factory=dict)  # the graph's shared Constant nodes by value
+    constant_names: set[str] = field(default_factory=set)  # their value names
+
+
+@dataclass
+class _Root:
+    """The main graph or one model-local function: where opsets are imported."""
+
+    opset_import: object  # the repeated OperatorSetIdProto field
+    where: str  # "the model" | "function 'name'"
+    in_function: bool
+    opset: int | None = None
 
 
 class _Lowering:
-    """One run of the pass over one model."""
+    """One run of the pass over one model (a copy of it)."""
 
-    def __init__(self, model: ir.Model, registry: Registry, options: LoweringOptions, report: LoweringReport):
-        self.model = model
+    def __init__(self, source: onnx.ModelProto, registry: Registry, options: LoweringOptions,
+                 report: LoweringReport) -> None:
+        self.source = source
+        self.model = onnx.ModelProto()
+        self.model.CopyFrom(source)
         self.registry = registry
         self.options = options
         self.report = report
-        self.types: dict[ir.Value, TensorType] = {}  # known beyond what the values declare
         self._inferred: dict[str, TensorType] | None = None
         self._taken: set[str] = set()
-        # Per graph, built once and kept up to date: where each value sits in the graph's outputs, and the
-        # lowered nodes to remove at the end (onnx-ir's remove and graph-output replacement scan all
-        # outputs on every call, which made the pass quadratic).
-        self._output_positions: dict[ir.Graph, dict[ir.Value, list[int]]] = {}
-        self._dead: dict[ir.Graph, list[ir.Node]] = {}
+        self._functions = {graphs.function_key(f) for f in self.model.functions}
+        self._call_sites: dict[graphs.FunctionKey, list[tuple[TensorType | None, ...]]] = {}
+        self._added = 0
 
-    def run(self) -> bool:
+    def _is_target(self, node: onnx.NodeProto) -> bool:
+        return node.domain in self.registry.domains and (node.domain, node.op_type) in self.registry
+
+    def run(self) -> tuple[onnx.ModelProto, bool]:
         model = self.model
-        targets = [(fn, node) for fn, node in graphs.all_nodes(model) if (node.domain, node.op_type) in self.registry]
-        self.report.nodes_before = self.report.nodes_after = sum(1 for _ in graphs.all_nodes(model))
         modified = False
-        if "" not in model.opset_imports and "ai.onnx" not in model.opset_imports:
-            model.opset_imports[""] = DEFAULT_OPSET
+        if graphs.default_opset(model.opset_import) is None:
+            model.opset_import.add(domain="", version=DEFAULT_OPSET)
             modified = True
+        count = targets = 0
+        for node in graphs.model_nodes(model):
+            count += 1
+            targets += self._is_target(node)
+        self.report.nodes_before = self.report.nodes_after = count
         if targets:
-            opset = self._default_opset(model.opset_imports, "the model")
+            main = _Root(model.opset_import, "the model", in_function=False)
+            self._opset(main)
             self._taken = graphs.names_in_use(model)
-            graphs.call_site_input_types(model, self.types)
-            current_function = None
-            for function, node in targets:
-                if function is not None and function is not current_function:
-                    # Call sites (main graph, earlier functions) may have been lowered: their argument
-                    # types are final once we reach a function, so once per function is enough.
-                    graphs.call_site_input_types(model, self.types)
-                    current_function = function
-                if function is not None:
-                    if "" not in function.opset_imports and "ai.onnx" not in function.opset_imports:
-                        function.opset_imports[""] = opset
-                    node_opset = self._default_opset(function.opset_imports, f"function {function.name!r}")
-                else:
-                    node_opset = opset
-                self._lower_node(node, node_opset, in_function=function is not None)
-            for graph, dead in self._dead.items():
-                graph.remove(dead, safe=True)
-            graphs.drop_unused_opsets(model, self.registry.domains)
+            used = self._graph(_Scope(model.graph, value_types_of_graph(model.graph),
+                                      graphs.names_read(model.graph), main))
+            for function in graphs.functions_callers_first(model):
+                declared = value_types_of_graph(function)
+                key = graphs.function_key(function)
+                declared.update(graphs.call_site_input_types(function, self._call_sites.get(key, ()), declared))
+                root = _Root(function.opset_import, f"function {function.name!r}", in_function=True,
+                             opset=None)
+                function_used = self._graph(_Scope(function, declared, graphs.names_read(function), root))
+                graphs.drop_opsets(function.opset_import, self.registry.domains - function_used)
+                used |= function_used
+            graphs.drop_opsets(model.opset_import, self.registry.domains - used)
             modified = True
-            self.report.nodes_after = sum(1 for _ in graphs.all_nodes(model))
-        ir_version = runtime_ir_version(model.ir_version, model.opset_imports)
+            self.report.nodes_after = count + self._added
+        versions = graphs.opset_versions(model.opset_import)
+        ir_version = runtime_ir_version(model.ir_version, versions)
         if ir_version != model.ir_version:
             model.ir_version = ir_version
             modified = True
-        return modified
+        return model, modified
 
-    @staticmethod
-    def _default_opset(opset_imports: dict[str, int], where: str) -> int:
-        version = opset_imports.get("", opset_imports.get("ai.onnx"))
-        if version < MIN_OPSET:
-            raise LoweringError(f"{where} imports default opset {version}; lowering needs {MIN_OPSET} or newer "
-                                "(convert it first, e.g. onnx.version_converter.convert_version)")
-        return version
+    def _opset(self, root: _Root) -> int:
+        """The root's default opset (imported into a function from the model when it has none), checked."""
+        if root.opset is None:
+            version = graphs.default_opset(root.opset_import)
+            if version is None:
+                version = graphs.default_opset(self.model.opset_import)
+                root.opset_import.add(domain="", version=version)
+            if version < MIN_OPSET:
+                raise LoweringError(f"{root.where} imports default opset {version}; lowering needs {MIN_OPSET} "
+                                    "or newer (convert it first, e.g. onnx.version_converter.convert_version)")
+            root.opset = version
+        return root.opset
+
+    # -- one graph -------------------------------------------------------------------------------
+    def _graph(self, scope: _Scope) -> set[str]:
+        """Lower the custom nodes of ``scope.graph`` and its subgraphs; returns the domains its nodes use."""
+        graph = scope.graph
+        used: set[str] = set()
+        if not any(self._is_target(node) for node in graph.node):
+            for node in graph.node:
+                used.add(node.domain)
+                self._visit(node, scope, used)
+            return used
+        originals = list(graph.node)
+        del graph.node[:]  # rebuilt once: untouched nodes as they were, custom nodes replaced in place
+        for node in originals:
+            if self._is_target(node):
+                self._lower_node(node, scope)
+                used.add("")
+            else:
+                graph.node.append(node)
+                used.add(node.domain)
+                self._visit(graph.node[-1], scope, used)
+        return used
+
+    def _visit(self, node: onnx.NodeProto, scope: _Scope, used: set[str]) -> None:
+        """A node that stays: note the argument types of a function call, lower inside its subgraphs."""
+        key = graphs.call_key(node)
+        if key in self._functions:
+            types = scope.types
+            self._call_sites.setdefault(key, []).append(tuple(types.get(a) if a else None for a in node.input))
+        if node.attribute:
+            for sub in graphs.subgraphs(node):
+                types = ChainMap(value_types_of_graph(sub), scope.types)
+                used |= self._graph(_Scope(sub, types, scope.reads, scope.root))
 
     # -- one node --------------------------------------------------------------------------------
-    def _lower_node(self, node: ir.Node, opset: int, *, in_function: bool) -> None:
-        from opdef.verify import infer_node  # the colleague-owned verifier; imported late (layering, cost)
-
-        label = f"{node.domain}::{node.op_type}"
-        value_types = self._value_types(node)
-        inference = infer_node(ir.serde.serialize_node(node), value_types, registry=self.registry)
-        wanted = frozenset(v.name for v in node.outputs if v.name and graphs.is_consumed(v))
+    def _lower_node(self, node: onnx.NodeProto, scope: _Scope) -> None:
+        inference = infer_node(node, self._value_types(node, scope), registry=self.registry)
+        wanted = frozenset(name for name in node.output if name in scope.reads)
         request = LoweringRequest(inference, wanted, self.options)
-        prefix = node.name or node.op_type
-        builder = NodeBuilder(opset, prefix, is_taken=self._taken.__contains__)
+        out = scope.graph.node
+        start = len(out)
+        builder = NodeBuilder(self._opset(scope.root), node.name or node.op_type, self._taken.__contains__,
+                              into=out, constants=scope.constants)
         rule_for(inference.binding.rule)(builder, request)
-        self._splice(node, builder.nodes, wanted, inference.output_types, in_function=in_function)
-        self.report.lowered[label] += 1
+        self._taken |= builder.used_names
+        live, produced = _checked_live(node, builder, wanted, scope.constant_names)
+        dead = [i for i in range(len(builder.nodes)) if i not in live]
+        for i in reversed(dead):
+            del out[start + i]
+        for name, key in builder.new_constants.items():
+            if name in produced:
+                scope.constant_names.add(name)
+            else:  # a Constant nobody here reads is not there for later nodes either
+                del scope.constants[key]
+        self._added += len(live) - 1
+        self._note_output_types(node, inference.output_types, wanted, scope)
+        self.report.lowered[f"{node.domain}::{node.op_type}"] += 1
 
-    def _value_types(self, node: ir.Node) -> dict[str, TensorType]:
-        found: dict[str, TensorType] = {}
-        for value in [*node.inputs, *node.outputs]:
-            if value is None or not value.name:
-                continue
-            t = self.types.get(value) or graphs.tensor_type(value)
-            if (t is None or t.elem_type is None) and value in node.inputs and value.graph is not None:
-                t = self._inferred_types().get(value.name, t)
-            if t is not None:
-                found[value.name] = t
-        return found
+    def _value_types(self, node: onnx.NodeProto, scope: _Scope) -> Types:
+        types = scope.types
+        if scope.root.in_function:
+            return types
+        missing = [name for name in node.input if name and ((t := types.get(name)) is None or t.elem_type is None)]
+        if not missing:
+            return types
+        inferred = self._inferred_types()
+        found = {name: inferred[name] for name in missing if name in inferred}
+        return ChainMap(found, types) if found else types
 
     def _inferred_types(self) -> dict[str, TensorType]:
+        """onnx shape inference, once per model, on the model as given (custom ops known to onnx)."""
         if self._inferred is None:
-            self._inferred = graphs.inferred_types(self.model)
+            from opdef.onnx_defs import lenient_inference, register_onnx_schemas
+
+            register_onnx_schemas(self.registry)
+            with lenient_inference():
+                self._inferred = graphs.inferred_types(self.source)
         return self._inferred
 
-    def _splice(self, node: ir.Node, emitted: list[onnx.NodeProto], wanted: frozenset[str],
-                output_types: tuple[TensorType | None, ...], *, in_function: bool) -> None:
-        """Put the rule's nodes where ``node`` was; its consumers and graph outputs now read them."""
-        label = f"{node.domain} {node.op_type} '{node.name or '?'}'"
-        scope = {v.name: v for v in node.inputs if v is not None and v.name}
-        old_outputs = {v.name: (i, v) for i, v in enumerate(node.outputs) if v.name}
-        new_nodes = []
-        produced: dict[str, ir.Value] = {}
-        for proto in _live(emitted, wanted):
-            inputs = []
-            for name in proto.input:
-                if not name:
-                    inputs.append(None)
-                elif name in produced:
-                    inputs.append(produced[name])
-                elif name in scope:
-                    inputs.append(scope[name])
-                else:
-                    raise LoweringError(f"{label}: the lowering rule reads {name!r}, which is neither an input "
-                                        "of the node nor produced before (a bug in the rule)")
-            outputs = [ir.Value(name=name) for name in proto.output]
-            for value in outputs:
-                if value.name in produced or value.name in scope:
-                    raise LoweringError(f"{label}: the lowering rule writes {value.name!r} twice (a bug in the rule)")
-                produced[value.name] = value
-                self._taken.add(value.name)
-            attributes = [ir.serde.deserialize_attribute(a) for a in proto.attribute]
-            new_nodes.append(ir.Node(proto.domain, proto.op_type, inputs, attributes, outputs=outputs,
-                                     name=proto.name or None))
-            if proto.name:
-                self._taken.add(proto.name)
-        missing = sorted(wanted - produced.keys())
-        if missing:
-            raise LoweringError(f"{label}: the lowering rule did not produce {missing} (a bug in the rule)")
-        graph = node.graph
-        if new_nodes:
-            graph.insert_before(node, new_nodes)
-        for name in sorted(wanted):
-            index, old = old_outputs[name]
-            new = produced[name]
-            if not in_function:  # keep the declared type (functions declare none; IR < 10 may not)
-                new.type, new.shape = old.type, old.shape
-                if new.type is None and index < len(output_types):
-                    graphs.set_tensor_type(new, output_types[index])
-            if old in self.types:
-                self.types[new] = self.types[old]
-            elif index < len(output_types) and output_types[index] is not None:
-                self.types[new] = output_types[index]
-            if old.is_graph_output():
-                self._replace_graph_output(graph, old, new)
-            old.replace_all_uses_with(new)
-            old.name = None
-            new.name = name
-        for i in range(len(node.inputs)):
-            node.replace_input_with(i, None)  # no longer a user of its inputs; removed in one go at the end
-        self._dead.setdefault(graph, []).append(node)
-
-    def _replace_graph_output(self, graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
-        positions = self._output_positions.get(graph)
-        if positions is None:
-            positions = self._output_positions[graph] = {}
-            for i, value in enumerate(graph.outputs):
-                positions.setdefault(value, []).append(i)
-        indices = positions.pop(old)
-        for i in indices:
-            graph.outputs[i:i + 1] = [new]  # a slice: onnx-ir's index path runs a slow Protocol isinstance
-        positions.setdefault(new, []).extend(indices)
+    def _note_output_types(self, node: onnx.NodeProto, output_types: tuple[TensorType | None, ...],
+                           wanted: frozenset[str], scope: _Scope) -> None:
+        """Later nodes see the lowered outputs' inferred types; a graph declares the ones it did not."""
+        graph = scope.graph
+        local = scope.types.maps[0] if isinstance(scope.types, ChainMap) else scope.types
+        for name, t in zip(node.output, output_types, strict=False):
+            if t is None or name not in wanted:
+                continue
+            if isinstance(graph, onnx.GraphProto) and name not in local and t.elem_type is not None:
+                graph.value_info.add(name=name).type.CopyFrom(tensor_type_to_proto(t))
+            local[name] = t
 
 
-def _live(emitted: list[onnx.NodeProto], wanted: frozenset[str]) -> list[onnx.NodeProto]:
-    """The emitted nodes that contribute to a wanted output (a rule may emit a little more than needed)."""
+def _checked_live(node: onnx.NodeProto, builder: NodeBuilder, wanted: frozenset[str],
+                  shared: set[str]) -> tuple[set[int], set[str]]:
+    """Indices of the emitted nodes that contribute to a wanted output (a rule may emit a little more
+    than needed) and the names they produce, after checking that the rule read and wrote only what it may
+    (its node's inputs, the graph's ``shared`` constants, what it produced before)."""
+    signatures = builder.signatures
     needed = set(wanted)
-    keep = []
-    for proto in reversed(emitted):
-        if needed.intersection(proto.output):
-            keep.append(proto)
-            needed.update(proto.input)
-    return keep[::-1]
+    live: list[int] = []
+    for i in range(len(signatures) - 1, -1, -1):
+        inputs, outputs = signatures[i]
+        if needed.intersection(outputs):
+            live.append(i)
+            needed.update(inputs)
+    label = f"{node.domain} {node.op_type} '{node.name or '?'}'"
+    scope = {name for name in node.input if name}
+    produced: set[str] = set()
+    for i in reversed(live):
+        inputs, outputs = signatures[i]
+        for name in inputs:
+            if name and name not in produced and name not in scope and name not in shared:
+                raise LoweringError(f"{label}: the lowering rule reads {name!r}, which is neither an input "
+                                    "of the node nor produced before (a bug in the rule)")
+        for name in outputs:
+            if name in produced or name in scope:
+                raise LoweringError(f"{label}: the lowering rule writes {name!r} twice (a bug in the rule)")
+            produced.add(name)
+    missing = sorted(wanted - produced)
+    if missing:
+        raise LoweringError(f"{label}: the lowering rule did not produce {missing} (a bug in the rule)")
+    return set(live), produced

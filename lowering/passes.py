@@ -10,6 +10,7 @@ node kept as it was. :func:`lower_model` returns a new ``ModelProto`` (the calle
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from collections import ChainMap, Counter
 from collections.abc import Iterator, Mapping
@@ -27,7 +28,7 @@ from lowering.compat import runtime_ir_version
 from lowering.modelio import check_structure
 from lowering.rules import LoweringOptions, LoweringRequest, rule_for
 from opdef.errors import LoweringError
-from opdef.node import TensorType
+from opdef.node import NodeInference, TensorType
 from opdef.registry import Registry, load_schemas
 from opdef.verify import infer_node, tensor_type_to_proto, value_types_of_graph
 
@@ -155,6 +156,7 @@ class _Lowering:
         self._functions = {graphs.function_key(f) for f in self.model.functions}
         self._call_sites: dict[graphs.FunctionKey, list[tuple[TensorType | None, ...]]] = {}
         self._added = 0
+        self._inferences: dict[tuple, tuple[NodeInference, tuple[str, ...]]] = {}
 
     def _is_target(self, node: onnx.NodeProto) -> bool:
         return node.domain in self.registry.domains and (node.domain, node.op_type) in self.registry
@@ -243,7 +245,7 @@ class _Lowering:
 
     # -- one node --------------------------------------------------------------------------------
     def _lower_node(self, node: onnx.NodeProto, scope: _Scope) -> None:
-        inference = infer_node(node, self._value_types(node, scope), registry=self.registry)
+        inference = self._infer(node, self._value_types(node, scope))
         wanted = frozenset(name for name in node.output if name in scope.reads)
         request = LoweringRequest(inference, wanted, self.options)
         out = scope.graph.node
@@ -264,6 +266,28 @@ class _Lowering:
         self._added += len(live) - 1
         self._note_output_types(node, inference.output_types, wanted, scope)
         self.report.lowered[f"{node.domain}::{node.op_type}"] += 1
+
+    def _infer(self, node: onnx.NodeProto, types: Types) -> NodeInference:
+        """:func:`infer_node`, once per distinct node signature: verification depends on the op, the
+        attributes, which arguments are given (and which share a value) and their types, never on the value
+        names, which are renamed into an earlier node's result. (Only successes are kept: an error names
+        its own node.)"""
+        inputs, outputs = tuple(node.input), tuple(node.output)
+        first: dict[str, int] = {}
+        sharing = tuple(first.setdefault(name, len(first)) if name else -1 for name in inputs + outputs)
+        key = (node.domain, node.op_type, len(inputs), sharing, tuple(types.get(name) for name in inputs),
+               tuple(types.get(name) for name in outputs), tuple(a.SerializeToString() for a in node.attribute))
+        known = self._inferences.get(key)
+        if known is None:
+            inference = infer_node(node, types, registry=self.registry)
+            self._inferences[key] = (inference, inputs + outputs)
+            return inference
+        inference, names = known
+        rename = dict(zip(names, inputs + outputs, strict=True))
+        return dataclasses.replace(
+            inference, node_name=node.name, inputs=tuple(rename.get(n, n) for n in inference.inputs),
+            outputs=tuple(rename.get(n, n) for n in inference.outputs),
+            roles={role: rename.get(n, n) for role, n in inference.roles.items()})
 
     def _value_types(self, node: onnx.NodeProto, scope: _Scope) -> Types:
         types = scope.types

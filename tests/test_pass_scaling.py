@@ -42,6 +42,7 @@ def test_lowering_2000_nodes_does_linear_work(monkeypatch):
     reads = _count_calls(monkeypatch, graphs, "names_read")
     types = _count_calls(monkeypatch, passes, "value_types_of_graph")
     inferred = _count_calls(monkeypatch, graphs, "inferred_types")
+    verified = _count_calls(monkeypatch, passes, "infer_node")
     n = 2000
     model = onednn_model(tuple(SHAPE), "NCX", F32, nodes=n)
     lowered, report = passes.lower_model_with_report(model)
@@ -51,6 +52,9 @@ def test_lowering_2000_nodes_does_linear_work(monkeypatch):
     assert names[0] == 1 and reads[0] == 1 and types[0] == 1
     assert inferred[0] == 0  # every type is declared: no shape inference at all
     assert sum(n.op_type == "Constant" for n in lowered.graph.node) == first - later
+    # identical nodes but for their value names are verified once; the others get that result renamed
+    assert verified[0] == 1
+    assert {o for node in lowered.graph.node for o in node.output} >= {f"diff_src_{i}" for i in range(n)}
 
 
 def _bn(i: int, src: str = "src") -> onnx.NodeProto:

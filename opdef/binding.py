@@ -7,9 +7,12 @@ statistics mode applies. It is data, validated here, never Python literals elsew
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from opdef.errors import SpecError
@@ -36,9 +39,9 @@ class Binding:
     max_rank: int | None = None
     options: tuple[tuple[str, Any], ...] = ()  # rule-specific extras
 
-    @property
-    def role_map(self) -> dict[str, str]:
-        return dict(self.roles)
+    @functools.cached_property
+    def role_map(self) -> Mapping[str, str]:  # read for every node the pass lowers: built once, read-only
+        return MappingProxyType(dict(self.roles))
 
     def arg(self, role: str) -> str | None:
         """The spec's name for a canonical role, or None when this dialect has no such argument."""

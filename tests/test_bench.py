@@ -20,7 +20,8 @@ def test_bench_tiny_writes_well_formed_json(tmp_path, capsys):
         assert case["ms"] > 0 and case["gbps"] > 0 and case["vs_bound"] > 0
         assert case["torch_ms"] is None and case["vs_torch"] is None
     assert [row["nodes"] for row in result["pass"]] == [1, 10]
-    assert all(row["ms_per_node"] > 0 and row["lowered_nodes"] > row["nodes"] for row in result["pass"])
+    assert all(row["ms_per_node"] > 0 and row["distinct_ms_per_node"] > 0 and row["lowered_nodes"] > row["nodes"]
+               for row in result["pass"])
     printed = capsys.readouterr()
     assert "| layout | dtype |" in printed.out and "onnxruntime" in printed.out
     assert "copy bandwidth" in printed.err  # progress goes to stderr

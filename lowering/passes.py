@@ -159,7 +159,7 @@ class _Lowering:
         self._inferences: dict[tuple, tuple[NodeInference, tuple[str, ...]]] = {}
 
     def _is_target(self, node: onnx.NodeProto) -> bool:
-        return node.domain in self.registry.domains and (node.domain, node.op_type) in self.registry
+        return self.registry.handles(node.domain, node.op_type)
 
     def run(self) -> tuple[onnx.ModelProto, bool]:
         model = self.model

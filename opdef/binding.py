@@ -66,6 +66,12 @@ _FIELDS = {"spec", "domain", "op_type", "rule", "dialect", "roles", "layout", "l
 
 
 def load_bindings(path: Path) -> list[Binding]:
+    return read_binding_file(path)[0]
+
+
+def read_binding_file(path: Path) -> tuple[list[Binding], frozenset[str]]:
+    """The bindings, and the ``shared_domains``: domains the project does not own (onnxruntime's
+    ``com.microsoft`` holds many ops besides the ones bound here), where unbound ops are left alone."""
     source = str(path)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -73,6 +79,13 @@ def load_bindings(path: Path) -> list[Binding]:
         raise SpecError(source, None, f"cannot read binding data: {exc}") from None
     except json.JSONDecodeError as exc:
         raise SpecError(source, exc.lineno, f"invalid JSON: {exc.msg}") from None
+    shared = raw.get("shared_domains", []) if isinstance(raw, dict) else []
+    if not isinstance(shared, list) or not all(isinstance(d, str) for d in shared):
+        raise SpecError(source, None, '"shared_domains" must be a list of domain names')
+    return _bindings(raw, source), frozenset(shared)
+
+
+def _bindings(raw: Any, source: str) -> list[Binding]:
     if not isinstance(raw, dict) or not isinstance(raw.get("ops"), list):
         raise SpecError(source, None, 'expected an object with an "ops" list')
     out = []
@@ -101,6 +114,10 @@ def load_bindings(path: Path) -> list[Binding]:
         roles = entry.get("roles", {})
         if not isinstance(roles, dict) or not all(isinstance(v, str) for v in roles.values()):
             raise SpecError(source, None, f"{where}: roles must map role names to argument names")
+        for field in ("min_rank", "max_rank"):
+            value = entry.get(field)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise SpecError(source, None, f"{where}: {field} must be a non-negative integer, not {value!r}")
         options = entry.get("options", {})
         if not isinstance(options, dict):
             raise SpecError(source, None, f"{where}: options must be an object")

@@ -7,7 +7,7 @@ import functools
 from collections.abc import Iterator
 from pathlib import Path
 
-from opdef.binding import Binding, load_bindings
+from opdef.binding import Binding, read_binding_file
 from opdef.errors import SpecError
 from opdef.parse import parse_spec
 from opdef.schema import OpSchema
@@ -33,8 +33,9 @@ class Entry:
 class Registry:
     """Schemas and bindings keyed by (domain, op_type). Built by :func:`load_schemas`."""
 
-    def __init__(self, entries: list[Entry], spec_dir: Path) -> None:
+    def __init__(self, entries: list[Entry], spec_dir: Path, shared_domains: frozenset[str] = frozenset()) -> None:
         self.spec_dir = spec_dir
+        self.shared_domains = frozenset(shared_domains)
         self._entries: dict[tuple[str, str], Entry] = {}
         for entry in entries:
             key = entry.binding.key
@@ -55,6 +56,13 @@ class Registry:
     @property
     def domains(self) -> frozenset[str]:
         return frozenset(d for d, _ in self._entries)
+
+    def handles(self, domain: str, op_type: str) -> bool:
+        """Whether a node is this registry's to verify and lower: every op of a domain the project owns
+        (an unknown op there is an error), only the bound ops of a shared domain (``com.microsoft``)."""
+        if domain not in self.domains:
+            return False
+        return domain not in self.shared_domains or (domain, op_type) in self._entries
 
     def get(self, domain: str, op_type: str) -> Entry | None:
         return self._entries.get((domain, op_type))
@@ -81,7 +89,8 @@ class Registry:
 def build_registry(spec_dir: Path) -> Registry:
     spec_dir = Path(spec_dir)
     entries = []
-    for binding in load_bindings(spec_dir / BINDINGS_FILE):
+    bindings, shared_domains = read_binding_file(spec_dir / BINDINGS_FILE)
+    for binding in bindings:
         path = spec_dir / binding.spec
         schema = parse_spec(path, binding.dialect, include_dirs=(path.parent, spec_dir / "_include"))
         if schema.name != binding.op_type:
@@ -90,7 +99,7 @@ def build_registry(spec_dir: Path) -> Registry:
         schema = dataclasses.replace(schema, domain=binding.domain)
         _check_roles(schema, binding, spec_dir / BINDINGS_FILE)
         entries.append(Entry(schema, binding))
-    return Registry(entries, spec_dir)
+    return Registry(entries, spec_dir, shared_domains)
 
 
 def _check_roles(schema: OpSchema, binding: Binding, source: Path) -> None:

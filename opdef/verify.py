@@ -445,14 +445,13 @@ class _Walker:
         self.all_errors = all_errors
         self.results: list[NodeInference] = []
         self.errors: list[VerificationError] = []
-        self.domains = registry.domains
 
     def graph(self, graph: onnx.GraphProto, outer: Mapping[str, TensorType | None]) -> None:
         self.nodes(graph.node, value_types_of_graph(graph, outer))
 
     def nodes(self, nodes, types: dict[str, TensorType | None]) -> None:
         for node in nodes:
-            if node.domain in self.domains:
+            if self.registry.handles(node.domain, node.op_type):
                 self._verify(node, types)
             for attr in node.attribute:
                 if attr.type == AttributeProto.GRAPH:

@@ -551,3 +551,27 @@ def test_training_graph_only_batch_norm_nodes_change(opset):
 def test_training_graph_other_node_protos_byte_identical():
     model = _training_graph(12)
     _check_only_batch_norm_nodes_changed(model, _lower(model))
+
+
+def test_check_verifies_the_bound_ops_and_leaves_other_training_ops_alone(tmp_path, capsys):
+    """com.microsoft is a shared domain: ConvGrad, ReluGrad ... are onnxruntime's, not unknown ops."""
+    from lowering.cli import main
+
+    path = tmp_path / "train.onnx"
+    onnx.save(_training_graph(12), path)
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "com.microsoft BatchNormInternal" in out and "com.microsoft BatchNormalizationGrad" in out
+    assert "ConvGrad" not in out
+
+
+def test_unknown_op_in_an_owned_domain_is_an_error():
+    """onednn is the project's own domain: an op it has no spec for is reported, not passed through."""
+    from opdef.errors import VerificationError
+
+    node = helper.make_node("BatchNormTrainingForward", ["x"], ["y"], domain="onednn", name="fwd")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("onednn", 1)])
+    with pytest.raises(VerificationError, match="unknown op type 'BatchNormTrainingForward'"):
+        _lower(model)

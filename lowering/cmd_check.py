@@ -5,21 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lowering.modelio import load_model
+from lowering.modelio import InFile, load_model
 from opdef.errors import OplowerError
 from opdef.node import NodeInference
 from opdef.registry import load_schemas
 from opdef.verify import InvalidNodes, format_type, verify_model
 
 HELP = "verify every custom node of a model and print each one's inferred output types and shapes"
-
-
-class CheckFailed(OplowerError):
-    """A model failed verification: the file name in front of the underlying error."""
-
-    def __init__(self, path: str, error: OplowerError) -> None:
-        self.error = error
-        super().__init__(f"{path}: {error}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
               f"{len(exc.results)} valid", file=sys.stderr)
         return 1
     except OplowerError as exc:
-        raise CheckFailed(args.model, exc) from exc
+        raise InFile(args.model, exc) from exc
     _print_results(results)
     if results:
         print(f"{len(results)} custom node{'s' if len(results) != 1 else ''} verified")

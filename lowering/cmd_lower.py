@@ -5,16 +5,14 @@ from __future__ import annotations
 import argparse
 import filecmp
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import external_data_helper
 
-from lowering.modelio import load_model, write_atomic
+from lowering.modelio import InFile, copy_atomic, load_model, write_atomic
 from lowering.rules import ONEDNN_SINGLE_OUTPUT
 from opdef.errors import ModelError, OplowerError
 
@@ -46,8 +44,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     model = load_model(source, load_external_data=False)
     registry = load_schemas()
-    lowered, report = lower_model_with_report(model, registry=registry,
-                                              onednn_single_output=args.onednn_single_output)
+    locations = _external_data_files(model, source.parent)  # checked before anything runs or is written
+    try:
+        lowered, report = lower_model_with_report(model, registry=registry,
+                                                  onednn_single_output=args.onednn_single_output)
+    except OplowerError as exc:
+        raise InFile(source, exc) from exc
     print(f"{source} -> {target}: {report.summary()}")
     if args.verify:
         failures = verify_lowering(model, lowered, source.parent, registry, seed=args.seed,
@@ -56,12 +58,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"oplower lower: error: {source}: {failures} output(s) of the lowered model differ from the "
                   f"float64 reference beyond tolerance; {target} not written", file=sys.stderr)
             return 1
-    _carry_external_data(lowered, source.parent, target.parent)
     try:
         data = lowered.SerializeToString()
     except ValueError as exc:  # protobuf's 2 GB limit
         raise ModelError(f"{target}: the lowered model cannot be serialized ({exc}); store its tensors "
                          "as external data") from None
+    if not target.parent.is_dir():
+        raise ModelError(f"{target}: directory {target.parent} does not exist")
+    _carry_external_data(locations, source.parent, target.parent)
     write_atomic(target, data)
     return 0
 
@@ -132,33 +136,31 @@ def _external_locations(model: onnx.ModelProto) -> set[str]:
             if external_data_helper.uses_external_data(t)}
 
 
-def _carry_external_data(model: onnx.ModelProto, source_dir: Path, target_dir: Path) -> None:
-    """External data files stay where they are for an output beside the input; else they are copied along."""
+def _external_data_files(model: onnx.ModelProto, source_dir: Path) -> list[str]:
+    """The model's external data locations, each checked: inside the model's directory and present."""
     locations = sorted(_external_locations(model))
-    for location in locations:  # onnx refuses to load these; copying one would write outside target_dir
+    for location in locations:  # onnx refuses to load these; copying one would write outside the target
         if Path(location).is_absolute() or ".." in Path(location).parts:
             raise ModelError(f"external data location {location!r} points outside the model's directory "
                              f"{source_dir}; onnx refuses such models (keep data files beside the model)")
+        if not (source_dir / location).is_file():
+            raise ModelError(f"{source_dir / location}: external data file of the model is missing")
+    return locations
+
+
+def _carry_external_data(locations: list[str], source_dir: Path, target_dir: Path) -> None:
+    """External data files stay where they are for an output beside the input; else they are copied along."""
     if _same_file(source_dir, target_dir):
         return
     for location in locations:
         src, dst = source_dir / location, target_dir / location
-        if not src.is_file():
-            raise ModelError(f"{src}: external data file of the model is missing")
         if dst.exists():
             if _same_file(src, dst) or filecmp.cmp(src, dst, shallow=False):
                 continue
             raise ModelError(f"{dst} exists and differs from the model's external data {src}; "
                              "write the lowered model elsewhere")
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-        os.close(fd)
-        try:
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, dst)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        dst.parent.mkdir(parents=True, exist_ok=True)  # inside target_dir, which exists (checked above)
+        copy_atomic(src, dst)
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
 
 import onnx
 
-from opdef.errors import ModelError
+from opdef.errors import ModelError, OplowerError
 
 
 def load_model(path: Path | str, load_external_data: bool = True) -> onnx.ModelProto:
@@ -164,23 +165,46 @@ class _Structure:
                             f"shape {dims}")
 
 
+class InFile(OplowerError):
+    """An error about one input file: the file name in front of the underlying error's own line."""
+
+    def __init__(self, path: Path | str, error: OplowerError) -> None:
+        self.error = error
+        super().__init__(f"{path}: {error}")
+
+
 def write_atomic(path: Path | str, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file in the same directory and a rename."""
-    path = Path(path)
+    _atomic(Path(path), lambda handle: handle.write(data))
+
+
+def copy_atomic(source: Path, path: Path) -> None:
+    """Copy the file ``source`` to ``path`` the same way (a temporary file, then a rename)."""
+    def copy(handle) -> None:
+        with open(source, "rb") as src:
+            shutil.copyfileobj(src, handle, 1 << 20)
+
+    _atomic(Path(path), copy)
+
+
+def _atomic(path: Path, fill) -> None:
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise ModelError(f"{path}: directory {directory} does not exist")
     if path.is_dir():
         raise ModelError(f"{path}: is a directory, expected a file name to write")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
-        os.fchmod(fd, _mode_for(path))  # mkstemp makes 0600; keep a replaced file's mode, else the umask's
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot write in {directory}: {exc.strerror or exc}") from None
+    try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            os.fchmod(handle.fileno(), _mode_for(path))  # mkstemp makes 0600: a replaced file's mode, else umask
+            fill(handle)
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise ModelError(f"{path}: cannot write: {exc.strerror or exc}") from None
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        Path(tmp).unlink(missing_ok=True)
         raise

@@ -137,12 +137,14 @@ def test_invalid_node_exits_1_naming_the_node(model_path, example, tmp_path, cap
     assert main(["lower", str(model_path), "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'bn'" in err and "Traceback" not in err
+    assert err.startswith(f"oplower lower: error: {model_path}: onednn BatchNormTrainingBackward 'bn': ")
     assert not out.exists() and digest(model_path) == before
 
 
 def test_missing_output_directory_exits_1(model_path, tmp_path, capsys):
     assert main(["lower", str(model_path), "-o", str(tmp_path / "nowhere" / "out.onnx")]) == 1
     assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "nowhere").exists()  # not created on the way
 
 
 def test_usage_errors_exit_2(model_path):
@@ -183,3 +185,62 @@ def test_external_data_is_kept_and_carried(registry, tmp_path):
     assert main(["lower", str(path), "-o", str(target / "again.onnx")]) == 1
     assert not (target / "again.onnx").exists()
     np.testing.assert_equal((target / "weights.bin").read_bytes(), b"something else")
+
+
+def _external_model(registry, tmp_path):
+    example = build_example([BnCase(ONEDNN, (2, 8, 4, 5), layout="NCX")], registry)
+    graph = example.model.graph
+    for vi in list(graph.input):
+        if vi.name in ("bn.mean", "bn.variance", "bn.gamma"):
+            graph.initializer.append(onnx.numpy_helper.from_array(example.feeds.pop(vi.name), vi.name))
+            graph.input.remove(vi)
+    source = tmp_path / "in"
+    source.mkdir()
+    path = source / "model.onnx"
+    onnx.save(example.model, path, save_as_external_data=True, location="weights.bin", size_threshold=0)
+    return path
+
+
+def test_copied_external_data_gets_the_umask_mode_not_0600(registry, tmp_path):
+    import os
+    import stat
+
+    path = _external_model(registry, tmp_path)
+    target = tmp_path / "out"
+    target.mkdir()
+    umask = os.umask(0o022)
+    try:
+        assert main(["lower", str(path), "-o", str(target / "low.onnx")]) == 0
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((target / "weights.bin").stat().st_mode) == 0o644
+    assert stat.S_IMODE((target / "low.onnx").stat().st_mode) == 0o644
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_missing_external_data_is_one_line_before_anything_runs(registry, tmp_path, capsys, verify):
+    path = _external_model(registry, tmp_path)
+    (path.parent / "weights.bin").unlink()
+    target = tmp_path / "out"
+    target.mkdir()
+    args = ["lower", str(path), "-o", str(target / "low.onnx")] + (["--verify"] if verify else [])
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "external data file of the model is missing" in err
+    assert "internal error" not in err and list(target.iterdir()) == []
+
+
+def test_a_failing_write_is_one_line_and_leaves_nothing(model_path, tmp_path, monkeypatch, capsys):
+    import errno
+
+    import lowering.modelio
+
+    def full_disk(*_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(lowering.modelio.os, "replace", full_disk)
+    out = tmp_path / "out.onnx"
+    assert main(["lower", str(model_path), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write: No space left on device" in err and "internal" not in err
+    assert not out.exists() and leftovers(tmp_path) == []

@@ -110,7 +110,7 @@ def _batch_norm_backward(n: _Node, exact: bool, single_output: str) -> tuple:
             raise n.fail(f"src has rank {rank}; expected 2 or more")
         channel_axis = 1
         if binding.layout == "data_format":
-            data_format = str(n.attribute_named(binding.layout_attribute, "NXC")).upper()
+            data_format = str(n.attribute_named(binding.layout_attribute)).upper()  # default: the schema's
             channel_axis = 1 if data_format == "NCX" else rank - 1
         reduce_axes = tuple(a for a in range(rank) if a != channel_axis)
     epsilon = n.attribute("epsilon")
@@ -132,8 +132,12 @@ def _batch_norm_internal(n: _Node, exact: bool, single_output: str) -> tuple:
     del single_output
     x, scale, bias = n.input("src"), n.input("gamma"), n.input("beta")
     input_mean, input_var = n.input("input_mean"), n.input("input_var")
-    epsilon, momentum = float(n.attribute("epsilon", 1e-5)), float(n.attribute("momentum", 0.9))
-    training = int(n.attribute("training_mode", 1)) != 0
+    values = {role: n.attribute(role) for role in ("epsilon", "momentum", "training_mode")}  # schema defaults
+    missing = [role for role, value in values.items() if value is None]
+    if missing:
+        raise n.fail(f"no value and no default for {', '.join(missing)}")
+    epsilon, momentum = float(values["epsilon"]), float(values["momentum"])
+    training = int(values["training_mode"]) != 0
     if x.ndim < 2:
         raise n.fail(f"X has rank {x.ndim}; expected 2 or more")
     try:

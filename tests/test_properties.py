@@ -258,7 +258,8 @@ def test_corrupted_models_raise_only_documented_errors(tmp_path_factory, registr
     try:
         _pipeline(path, registry)
     except OplowerError as err:
-        assert str(err) and not math.isnan(len(str(err)))
+        message = str(err)
+        assert message.strip() and "Traceback" not in message  # a one-line message of its own
 
 
 @pytest.mark.parametrize("consumed", [("diff_src", "diff_gamma"), ("diff_gamma",), ("diff_beta",)])

@@ -45,20 +45,19 @@ def plan_batch_norm_backward(request: LoweringRequest) -> BatchNormBackwardPlan:
     binding = node.binding
     src_type = _input_type(node, "src")
     stat_type = _input_type(node, "mean")
-    stat_role = binding.stat_input if request.input(binding.stat_input) else "variance"
     single_output = binding.paired_param_grads and not (
         request.requested("diff_gamma") or request.requested("diff_beta"))
     statistics = binding.statistics
     if single_output and request.options.onednn_single_output == "upstream":
         statistics = "frozen"
     channel_last = False
-    if binding.layout == "data_format" and binding.layout_attribute:
-        channel_last = str(node.attributes.get(binding.layout_attribute, "NXC")).upper() == "NXC"
+    if binding.layout == "data_format":  # the verifier applied the schema's default and checked the value
+        channel_last = str(node.attributes[binding.layout_attribute]).upper() == "NXC"
     return BatchNormBackwardPlan(
         src=_required(request, "src"),
         diff_dst=_required(request, "diff_dst"),
         mean=_required(request, "mean"),
-        stat=_required(request, stat_role),
+        stat=_required(request, binding.stat_input),
         gamma=None if single_output else request.input("gamma"),
         diff_src=request.output("diff_src"),
         diff_gamma=request.output("diff_gamma"),

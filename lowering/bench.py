@@ -135,6 +135,14 @@ def _torch_runner(torch, x: np.ndarray, dy: np.ndarray, layout: str, dtype: str)
     return run
 
 
+def _warm_torch(torch) -> None:
+    x = np.random.default_rng(0).standard_normal((32, 64, 56, 56), dtype=np.float32)
+    for dtype in ("f32", "bf16", "f16"):
+        run = _torch_runner(torch, x, x, "NCX", dtype)
+        for _ in range(3):
+            run()
+
+
 def _median_ms(times: list[float]) -> float:
     return statistics.median(times) * 1e3
 
@@ -161,7 +169,7 @@ def time_case(layout: str, dtype: str, channels: int, size: int, batch: int, rep
     if torch is not None:
         runners["torch"] = _torch_runner(torch, x, dy, layout, dtype)
     times: dict[str, list[float]] = {k: [] for k in runners}
-    for _ in range(2):  # warm-up: pages, arenas, thread pools
+    for _ in range(3):  # warm-up: pages, arenas, thread pools
         for fn in runners.values():
             fn()
     for _ in range(reps):  # interleaved rounds with pauses
@@ -257,6 +265,8 @@ def run_bench(*, quick: bool = False, shapes: tuple[tuple[int, int], ...] | None
     if torch is not None:
         keep_freed_memory()
         torch.set_num_threads(max(1, (machine()["cores"] or 1)))
+    if torch is not None:  # torch's first large call in a process runs ~10x slow (thread pool, allocator)
+        _warm_torch(torch)
     progress("measuring copy bandwidth ...")
     bandwidth = copy_bandwidth(64 << 20 if quick else 256 << 20)
     progress(f"copy bandwidth {bandwidth:.1f} GB/s")

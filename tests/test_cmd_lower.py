@@ -156,7 +156,8 @@ def test_usage_errors_exit_2(model_path):
     assert exc.value.code == 2
 
 
-def test_external_data_is_kept_and_carried(registry, tmp_path):
+def _external_model(registry, tmp_path):
+    """A oneDNN example whose statistics are initializers stored in in/weights.bin; (path, example)."""
     example = build_example([BnCase(ONEDNN, (2, 8, 4, 5), layout="NCX")], registry)
     graph = example.model.graph
     for vi in list(graph.input):
@@ -167,6 +168,12 @@ def test_external_data_is_kept_and_carried(registry, tmp_path):
     source.mkdir()
     path = source / "model.onnx"
     onnx.save(example.model, path, save_as_external_data=True, location="weights.bin", size_threshold=0)
+    return path, example
+
+
+def test_external_data_is_kept_and_carried(registry, tmp_path):
+    path, example = _external_model(registry, tmp_path)
+    source = path.parent
     data_before = digest(source / "weights.bin")
     # beside the input: the data file is shared
     assert main(["lower", str(path), "-o", str(source / "low.onnx"), "--verify"]) == 0
@@ -187,25 +194,13 @@ def test_external_data_is_kept_and_carried(registry, tmp_path):
     np.testing.assert_equal((target / "weights.bin").read_bytes(), b"something else")
 
 
-def _external_model(registry, tmp_path):
-    example = build_example([BnCase(ONEDNN, (2, 8, 4, 5), layout="NCX")], registry)
-    graph = example.model.graph
-    for vi in list(graph.input):
-        if vi.name in ("bn.mean", "bn.variance", "bn.gamma"):
-            graph.initializer.append(onnx.numpy_helper.from_array(example.feeds.pop(vi.name), vi.name))
-            graph.input.remove(vi)
-    source = tmp_path / "in"
-    source.mkdir()
-    path = source / "model.onnx"
-    onnx.save(example.model, path, save_as_external_data=True, location="weights.bin", size_threshold=0)
-    return path
 
 
 def test_copied_external_data_gets_the_umask_mode_not_0600(registry, tmp_path):
     import os
     import stat
 
-    path = _external_model(registry, tmp_path)
+    path, _ = _external_model(registry, tmp_path)
     target = tmp_path / "out"
     target.mkdir()
     umask = os.umask(0o022)
@@ -219,7 +214,7 @@ def test_copied_external_data_gets_the_umask_mode_not_0600(registry, tmp_path):
 
 @pytest.mark.parametrize("verify", [False, True])
 def test_missing_external_data_is_one_line_before_anything_runs(registry, tmp_path, capsys, verify):
-    path = _external_model(registry, tmp_path)
+    path, _ = _external_model(registry, tmp_path)
     (path.parent / "weights.bin").unlink()
     target = tmp_path / "out"
     target.mkdir()

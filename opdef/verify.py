@@ -25,7 +25,7 @@ from opdef.binding import Binding
 from opdef.errors import ModelError, OplowerError, VerificationError
 from opdef.node import NodeInference, TensorType
 from opdef.registry import Registry, load_schemas
-from opdef.rules import RULES
+from opdef.rules import rule_for
 from opdef.rules.base import (
     Conflict,
     NodeContext,
@@ -83,7 +83,7 @@ def infer_with_schema(schema: OpSchema, binding: Binding | None, node: onnx.Node
     result = None
     if binding is not None:
         # A binding whose rule has no verifier yet gets the generic checks and its roles, nothing more.
-        rule = RULES.get(binding.rule)
+        rule = rule_for(binding.rule)
         result = rule(ctx) if rule is not None else RuleResult(roles=bound_roles(ctx))
     _check_declared_outputs(ctx, value_types)
     return NodeInference(

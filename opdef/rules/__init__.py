@@ -1,6 +1,6 @@
-"""Verification rules keyed by ``binding.rule``; importing this package registers every bundled rule."""
+"""Verification rules keyed by ``binding.rule``; the rule ``key`` lives in ``opdef.rules.<key>`` and is
+imported (so registered) on first lookup through :func:`rule_for`."""
 
-from opdef.rules import batch_norm_backward, batch_norm_internal  # noqa: F401  (register their rules)
-from opdef.rules.base import RULES, NodeContext, RuleResult, register_rule
+from opdef.rules.base import RULES, NodeContext, RuleResult, register_rule, rule_for
 
-__all__ = ["RULES", "NodeContext", "RuleResult", "register_rule"]
+__all__ = ["RULES", "NodeContext", "RuleResult", "register_rule", "rule_for"]

@@ -8,6 +8,7 @@ the channel axis, output shapes. It raises ``ctx.error(...)``; it never walks th
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -209,6 +210,21 @@ def register_rule(key: str) -> Callable[[Rule], Rule]:
         RULES[key] = fn
         return fn
     return decorate
+
+
+def rule_for(key: str) -> Rule | None:
+    """The verification rule for a binding's ``rule`` key, or None when there is none.
+
+    A rule ``key`` lives in ``opdef.rules.<key>`` and is imported, which registers it, on first use: the
+    same convention as the lowering rules (``lowering.<key>``), so a new op adds files, not imports.
+    """
+    if key not in RULES and key.isidentifier():
+        try:
+            importlib.import_module(f"opdef.rules.{key}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"opdef.rules.{key}":
+                raise
+    return RULES.get(key)
 
 
 def bound_roles(ctx: NodeContext) -> dict[str, str]:

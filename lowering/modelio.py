@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -68,9 +70,17 @@ def check_structure(model: onnx.ModelProto, source: str = "the model") -> None:
     _check_strings(model, "model", source)
 
 
-def _check_strings(message, where: str, source: str) -> None:
+def _check_strings(model: onnx.ModelProto, where: str, source: str) -> None:
     """Every string field valid UTF-8 (protobuf hands back bytes for one that is not): graph and function
-    names, domains, doc strings, metadata ... (tensor contents are not looked at)."""
+    names, domains, doc strings, metadata ... (tensor contents are not looked at).
+
+    A model with every string valid (the common case) is confirmed by :func:`_strings_valid`; only a model
+    with a bad one gets the walk that says which field it is."""
+    if not _strings_valid(model):
+        _find_bad_string(model, where, source)
+
+
+def _find_bad_string(message, where: str, source: str) -> None:
     for field, value in message.ListFields():
         repeated = field.is_repeated
         if field.type == field.TYPE_STRING:
@@ -80,7 +90,97 @@ def _check_strings(message, where: str, source: str) -> None:
                     raise ModelError(f"{source}: {at} is not valid UTF-8: {text!r}")
         elif field.type == field.TYPE_MESSAGE and field.message_type.name != "TensorProto":
             for i, item in enumerate(value if repeated else [value]):
-                _check_strings(item, f"{where}.{field.name}" + (f"[{i}]" if repeated else ""), source)
+                _find_bad_string(item, f"{where}.{field.name}" + (f"[{i}]" if repeated else ""), source)
+
+
+@dataclass(frozen=True)
+class _StringFields:
+    """Where one message type keeps strings: its string fields, and the message fields that may hold more
+    (the members of a oneof looked up once per oneof). TensorProto is skipped, as its contents are data."""
+
+    strings: tuple[str, ...]
+    string_lists: tuple[str, ...]
+    messages: tuple[str, ...]
+    message_lists: tuple[str, ...]
+    oneofs: tuple[tuple[str, frozenset[str]], ...]  # (oneof name, its members worth descending into)
+    types: tuple[str, ...] = ()  # TypeProto fields, checked by _tensor_type_valid (the bulk of a model's strings)
+
+
+@functools.cache
+def _string_fields(descriptor) -> _StringFields:
+    strings, string_lists, messages, message_lists, types = [], [], [], [], []
+    oneofs: dict[str, set[str]] = {}
+    for f in descriptor.fields:
+        if f.type == f.TYPE_STRING:
+            (string_lists if f.is_repeated else strings).append(f.name)
+        elif f.type == f.TYPE_MESSAGE and f.message_type.name != "TensorProto":
+            if _TYPE_LAYOUT_KNOWN and f.message_type is _TYPE_PROTO and not f.is_repeated and not f.containing_oneof:
+                types.append(f.name)
+            elif f.is_repeated:
+                message_lists.append(f.name)
+            elif f.containing_oneof is not None:
+                oneofs.setdefault(f.containing_oneof.name, set()).add(f.name)
+            else:
+                messages.append(f.name)
+    return _StringFields(tuple(strings), tuple(string_lists), tuple(messages), tuple(message_lists),
+                         tuple((name, frozenset(members)) for name, members in oneofs.items()), tuple(types))
+
+
+def _field_names(message_type) -> dict[str, int]:
+    return {f.name: f.type for f in message_type.DESCRIPTOR.fields}
+
+
+_TYPE_PROTO = onnx.TypeProto.DESCRIPTOR
+# _tensor_type_valid knows these layouts; another onnx version's gets the generic walk
+_TYPE_LAYOUT_KNOWN = (
+    {n for n, t in _field_names(onnx.TypeProto).items() if t == 9} == {"denotation"}
+    and {f.name for f in _TYPE_PROTO.oneofs_by_name["value"].fields} == set(_field_names(onnx.TypeProto)) - {
+        "denotation"}
+    and _field_names(onnx.TypeProto.Tensor) == {"elem_type": 5, "shape": 11}
+    and _field_names(onnx.TensorShapeProto) == {"dim": 11}
+    and _field_names(onnx.TensorShapeProto.Dimension) == {"dim_value": 3, "dim_param": 9, "denotation": 9})
+
+
+def _tensor_type_valid(tp: onnx.TypeProto) -> bool:
+    """:func:`_strings_valid` for a TypeProto, a tensor type's dims read directly."""
+    if type(tp.denotation) is not str:
+        return False
+    kind = tp.WhichOneof("value")
+    if kind == "tensor_type":
+        tensor = tp.tensor_type
+        if tensor.HasField("shape"):
+            for d in tensor.shape.dim:
+                if type(d.dim_param) is not str or type(d.denotation) is not str:
+                    return False
+        return True
+    return kind is None or _strings_valid(getattr(tp, kind))
+
+
+def _strings_valid(message) -> bool:
+    """Whether every string :func:`_find_bad_string` looks at is a ``str``, without building field paths."""
+    fields = _string_fields(message.DESCRIPTOR)
+    for name in fields.strings:
+        if type(getattr(message, name)) is not str:
+            return False
+    for name in fields.string_lists:
+        for text in getattr(message, name):
+            if type(text) is not str:
+                return False
+    for name in fields.types:
+        if message.HasField(name) and not _tensor_type_valid(getattr(message, name)):
+            return False
+    for name in fields.messages:
+        if message.HasField(name) and not _strings_valid(getattr(message, name)):
+            return False
+    for oneof, members in fields.oneofs:
+        chosen = message.WhichOneof(oneof)
+        if chosen in members and not _strings_valid(getattr(message, chosen)):
+            return False
+    for name in fields.message_lists:
+        for item in getattr(message, name):
+            if not _strings_valid(item):
+                return False
+    return True
 
 
 def _text(name: str | bytes) -> str:

@@ -13,6 +13,7 @@ bodies and model-local functions, with value types from the model and onnx shape
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -247,6 +248,11 @@ def _allowed(value: Any, allowed: tuple[Any, ...]) -> bool:
 
 def _elem_types(names: Iterable[str]) -> frozenset[int] | None:
     """Spec type names -> ONNX element types; None when none of them is a known element type."""
+    return _elem_types_of(tuple(names))
+
+
+@functools.lru_cache(maxsize=4096)  # a schema's few type lists, asked for by every node
+def _elem_types_of(names: tuple[str, ...]) -> frozenset[int] | None:
     out = set()
     for name in names:
         norm = normalize_type(name)
@@ -291,7 +297,7 @@ def _check_combinations(ctx: NodeContext, type_vars: dict[str, int]) -> dict[str
     combos = ctx.schema.type_combinations
     if not combos:
         return {}
-    table = [{v: ONNX_ELEM_TYPE.get(normalize_type(t)) for v, t in combo} for combo in combos]
+    table = _combination_table(combos)
     fits = [row for row in table if all(type_vars.get(v, t) == t for v, t in row.items())]
     if not fits:
         got = ", ".join(f"{v}={format_elem(t)}" for v, t in sorted(type_vars.items()))
@@ -303,6 +309,12 @@ def _check_combinations(ctx: NodeContext, type_vars: dict[str, int]) -> dict[str
         if var not in type_vars and len(values) == 1 and None not in values:
             decided[var] = values.pop()
     return decided
+
+
+@functools.lru_cache(maxsize=256)
+def _combination_table(combos: tuple[tuple[tuple[str, str], ...], ...]) -> tuple[dict[str, int | None], ...]:
+    """The supported-combination table as element types, once per schema (callers only read the rows)."""
+    return tuple({v: ONNX_ELEM_TYPE.get(normalize_type(t)) for v, t in combo} for combo in combos)
 
 
 def _check_type_rules(ctx: NodeContext, type_vars: dict[str, int]) -> None:

@@ -74,6 +74,9 @@ def merge_shape(a: Sequence[Dim] | None, b: Sequence[Dim] | None) -> tuple[Dim, 
         return None if b is None else tuple(b)
     if b is None:
         return tuple(a)
+    a = tuple(a)
+    if a == tuple(b):  # the usual case: nothing to merge
+        return a
     if len(a) != len(b):
         raise Conflict
     return tuple(merge_dim(x, y) for x, y in zip(a, b, strict=True))
@@ -109,6 +112,8 @@ class NodeContext:
     type_vars: dict[str, int] = field(default_factory=dict)
     input_args: list[Argument] = field(default_factory=list)  # the formal argument of each position
     output_args: list[Argument] = field(default_factory=list)
+    _input_index: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
+    _output_index: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def domain(self) -> str:
@@ -121,22 +126,18 @@ class NodeContext:
     def error(self, message: str, constraint: str | None = None) -> VerificationError:
         return VerificationError(self.domain, self.op_type, self.node_name, message, constraint)
 
-    # lookups by spec argument name; a name the schema lacks is simply absent
+    # lookups by spec argument name (the first position of that argument); a name the schema lacks is absent
     def _in(self, name: str | None) -> int | None:
-        if name is None:
-            return None
-        for i, a in enumerate(self.input_args):
-            if a.name == name:
-                return i
-        return None
+        index = self._input_index
+        if index is None:
+            index = self._input_index = _first_positions(self.input_args)
+        return index.get(name)
 
     def _out(self, name: str | None) -> int | None:
-        if name is None:
-            return None
-        for i, a in enumerate(self.output_args):
-            if a.name == name:
-                return i
-        return None
+        index = self._output_index
+        if index is None:
+            index = self._output_index = _first_positions(self.output_args)
+        return index.get(name)
 
     def has_input(self, name: str | None) -> bool:
         i = self._in(name)
@@ -169,6 +170,13 @@ class NodeContext:
 
     def constraint_label(self, names: Sequence[str], keywords: Sequence[str] = ()) -> str | None:
         return constraint_label(self.schema, names, keywords)
+
+
+def _first_positions(args: Sequence[Argument]) -> dict[str, int]:
+    index: dict[str, int] = {}
+    for i, a in enumerate(args):
+        index.setdefault(a.name, i)
+    return index
 
 
 def constraint_label(schema: OpSchema, names: Sequence[str], keywords: Sequence[str] = ()) -> str | None:

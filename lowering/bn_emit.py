@@ -52,7 +52,6 @@ class _Emitter:
         self.p = plan
         self.ct = compute_type(plan.io_type)
         self.np_ct = _NP_OF[self.ct]
-        self._consts: dict[tuple, str] = {}
 
     # -- small helpers -------------------------------------------------------------------------
     def scalar(self, value: float, hint: str = "c") -> str:
@@ -62,12 +61,7 @@ class _Emitter:
         return self._const(np.array(values, dtype=np.int64), hint)
 
     def _const(self, array: np.ndarray, hint: str) -> str:
-        """One Constant node per distinct value within one emission."""
-        key = (array.dtype.str, array.shape, array.tobytes())
-        name = self._consts.get(key)
-        if name is None:
-            name = self._consts[key] = self.b.const(array, hint=hint)
-        return name
+        return self.b.const(array, hint=hint)  # one Constant node per distinct value in the graph
 
     def cast(self, name: str, from_type: int, to_type: int, output: str | None = None) -> str:
         if from_type == to_type:

@@ -23,10 +23,15 @@ class NodeBuilder:
     """
 
     def __init__(self, opset: int, prefix: str, is_taken: Callable[[str], bool] = lambda _: False, *,
-                 into: Any = None, constants: dict[tuple, str] | None = None) -> None:
+                 into: Any = None, constants: dict[tuple, str] | None = None, prefix_free: bool = False,
+                 first_index: int = 0) -> None:
         self.opset = opset
         self.prefix = prefix
         self._is_taken = is_taken
+        # The pass may promise that no name in the model reads "<prefix>/<anything without a slash>" and that
+        # earlier builders with this prefix numbered up to ``first_index``: then the counter alone makes a
+        # name unique, nothing is looked up, and ``used_names`` stays empty.
+        self.prefix_free = prefix_free
         self.used_names: set[str] = set()
         self._into = into if into is not None else onnx.GraphProto().node
         self.nodes: list[onnx.NodeProto] = []
@@ -34,9 +39,19 @@ class NodeBuilder:
         self.signatures: list[tuple[list[str], list[str]]] = []
         self.constants = constants if constants is not None else {}
         self.new_constants: dict[str, tuple] = {}  # value name -> key, for the constants this builder emitted
-        self._counter = 0
+        self._counter = first_index
+
+    @property
+    def last_index(self) -> int:
+        """The counter after the last name handed out (a later builder with the same prefix starts there)."""
+        return self._counter
 
     def fresh(self, hint: str) -> str:
+        if "/" in hint:
+            hint = hint.replace("/", "_")  # a name's prefix is everything before its last slash
+        if self.prefix_free:
+            self._counter += 1
+            return f"{self.prefix}/{hint}_{self._counter}"
         while True:
             self._counter += 1
             name = f"{self.prefix}/{hint}_{self._counter}"
@@ -55,8 +70,9 @@ class NodeBuilder:
         inputs = list(inputs)
         node = self._into.add(op_type=op_type, input=inputs, output=outputs, name=self.fresh(hint or op_type))
         if attrs:
-            node.attribute.extend(helper.make_attribute(key, value) for key, value in sorted(attrs.items())
-                                  if value is not None)
+            for key, value in sorted(attrs.items()):
+                if value is not None:
+                    _add_attribute(node, key, value)
         self.nodes.append(node)
         self.signatures.append((inputs, outputs))
         return outputs
@@ -77,3 +93,16 @@ class NodeBuilder:
             self.constants[key] = name
             self.new_constants[name] = key
         return name
+
+
+def _add_attribute(node: onnx.NodeProto, key: str, value: Any) -> None:
+    """``node.attribute.append(helper.make_attribute(key, value))``, the kinds rules use most set directly."""
+    kind = type(value)
+    if kind is int:
+        node.attribute.add(name=key, type=onnx.AttributeProto.INT, i=value)
+    elif kind is float:
+        node.attribute.add(name=key, type=onnx.AttributeProto.FLOAT, f=value)
+    elif kind is onnx.TensorProto:
+        node.attribute.add(name=key, type=onnx.AttributeProto.TENSOR, t=value)
+    else:
+        node.attribute.append(helper.make_attribute(key, value))

@@ -153,6 +153,8 @@ class _Lowering:
         self.report = report
         self._inferred: dict[str, TensorType] | None = None
         self._taken: set[str] = set()
+        self._taken_prefixes: set[str] = set()  # what comes before the last "/" of each name in the model
+        self._name_index: dict[str, int] = {}  # a free prefix -> the last number its names were given
         self._functions = {graphs.function_key(f) for f in self.model.functions}
         self._call_sites: dict[graphs.FunctionKey, list[tuple[TensorType | None, ...]]] = {}
         self._added = 0
@@ -176,6 +178,7 @@ class _Lowering:
             main = _Root(model.opset_import, "the model", in_function=False)
             self._opset(main)
             self._taken = graphs.names_in_use(model)
+            self._taken_prefixes = {name.rpartition("/")[0] for name in self._taken if "/" in name}
             used = self._graph(_Scope(model.graph, value_types_of_graph(model.graph),
                                       graphs.names_read(model.graph), main))
             for function in graphs.functions_callers_first(model):
@@ -250,10 +253,17 @@ class _Lowering:
         request = LoweringRequest(inference, wanted, self.options)
         out = scope.graph.node
         start = len(out)
-        builder = NodeBuilder(self._opset(scope.root), node.name or node.op_type, self._taken.__contains__,
-                              into=out, constants=scope.constants)
+        prefix = node.name or node.op_type
+        # a prefix no model name starts with ("<prefix>/...") is numbered on across nodes, never looked up
+        prefix_free = prefix not in self._taken_prefixes
+        builder = NodeBuilder(self._opset(scope.root), prefix, self._taken.__contains__, into=out,
+                              constants=scope.constants, prefix_free=prefix_free,
+                              first_index=self._name_index.get(prefix, 0) if prefix_free else 0)
         rule_for(inference.binding.rule)(builder, request)
-        self._taken |= builder.used_names
+        if prefix_free:
+            self._name_index[prefix] = builder.last_index
+        else:
+            self._taken |= builder.used_names
         live, produced = _checked_live(node, builder, wanted, scope.constant_names)
         dead = [i for i in range(len(builder.nodes)) if i not in live]
         for i in reversed(dead):

@@ -155,3 +155,18 @@ def test_untouched_nodes_keep_trailing_empty_outputs_in_subgraphs_and_functions(
     for name in ("main_drop", "if", "call"):
         assert by_name[name] == next(n for n in model.graph.node if n.name == name), name
     assert list(lowered.functions[0].node) == list(function.node)
+
+
+def test_unnamed_nodes_share_a_prefix_and_names_stay_unique():
+    """Unnamed nodes all name their intermediates after the op type: numbering carries on from one node to
+    the next (no per-name lookups), so no two names meet; a prefix some model name already uses under a
+    slash is looked up name by name instead (tests/test_lowering.py::test_fresh_names_never_collide)."""
+    model = onednn_model(tuple(SHAPE), "NCX", F32, nodes=3)
+    for node in model.graph.node:
+        node.name = ""
+    lowered = lower_model(model)
+    node_names = [n.name for n in lowered.graph.node]
+    values = [o for n in lowered.graph.node for o in n.output]
+    assert len(set(node_names)) == len(node_names) and len(set(values)) == len(values)
+    assert all(name.startswith("BatchNormTrainingBackward/") for name in node_names)
+    onnx.checker.check_model(lowered, full_check=True)

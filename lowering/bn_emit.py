@@ -265,8 +265,18 @@ class _Fast:
         else:
             c = self.static_dim(p.channel_axis)
             shape = e.ints([-1, c]) if c else b.op1("Concat", [e.ints([-1]), b.op1("Shape", [p.mean])], axis=0)
-        restore = b.op1("Shape", [p.src])
+        restore = self.static_shape()
+        restore = b.op1("Shape", [p.src]) if restore is None else e.ints(restore)
         return b.op1("Reshape", [p.src, shape]), b.op1("Reshape", [p.diff_dst, shape]), restore
+
+    def static_shape(self) -> list[int] | None:
+        """src's shape when every dim is known (a shared constant then replaces a Shape node per lowering)."""
+        p = self.p
+        if p.src_shape is None or p.rank is None or len(p.src_shape) != p.rank:
+            return None
+        if not all(isinstance(d, int) and d > 0 for d in p.src_shape):
+            return None
+        return list(p.src_shape)
 
     def channel_sum(self, t: str, rows: str, output: str | None) -> str:
         """Per-channel sum of a viewed tensor as a [C] vector."""

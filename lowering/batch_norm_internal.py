@@ -15,17 +15,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 from onnx import TensorProto
 
 from lowering.builder import NodeBuilder
+from lowering.emit_common import Emitter, compute_type
 from lowering.rules import LoweringRequest, register_rule
 from opdef.errors import LoweringError
 
-_NP_OF = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64}
 _FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
-# Opset from which a reduction takes ``axes`` as an input instead of an attribute.
-_AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceSumSquare": 18}
 
 
 @dataclass(frozen=True)
@@ -50,39 +47,10 @@ class BatchNormInternalPlan:
     x_shape: tuple | None = None  # static dims (int | str | None), used to fold 1/M into a constant
 
 
-def compute_type(*types: int) -> int:
-    """f64 computes in f64; everything else (f32, and f16/bf16 cast up once) in f32."""
-    return TensorProto.DOUBLE if TensorProto.DOUBLE in types else TensorProto.FLOAT
-
-
-class _Emitter:
+class _Emitter(Emitter):
     def __init__(self, b: NodeBuilder, plan: BatchNormInternalPlan) -> None:
-        self.b = b
+        super().__init__(b, compute_type(plan.io_type, plan.stat_type))
         self.p = plan
-        self.ct = compute_type(plan.io_type, plan.stat_type)
-        self.np_ct = _NP_OF[self.ct]
-
-    # -- helpers ---------------------------------------------------------------------------------
-    def scalar(self, value: float, hint: str) -> str:
-        return self.b.const(np.array(value, dtype=self.np_ct), hint=hint)
-
-    def ints(self, values: list[int] | int, hint: str = "shape") -> str:
-        return self.b.const(np.array(values, dtype=np.int64), hint=hint)
-
-    def up(self, name: str, from_type: int) -> str:
-        return name if from_type == self.ct else self.b.op1("Cast", [name], to=self.ct)
-
-    def reduce(self, op_type: str, x: str, axes: tuple[int, ...]) -> str:
-        if self.b.opset < _AXES_INPUT_SINCE[op_type]:
-            return self.b.op1(op_type, [x], axes=list(axes), keepdims=1)
-        return self.b.op1(op_type, [x, self.ints(list(axes), "axes")], keepdims=1)
-
-    def finish(self, op_type: str, inputs: list[str], output: str, out_type: int) -> None:
-        """The last op of a result writes the requested name, through one Cast when the types differ."""
-        if out_type == self.ct:
-            self.b.op1(op_type, inputs, output)
-        else:
-            self.b.op1("Cast", [self.b.op1(op_type, inputs)], output, to=out_type)
 
     def inv_count(self, x: str) -> str:
         """1/M (elements per channel): a constant when the reduced dims are static, else Size(x) / C.

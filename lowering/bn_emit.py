@@ -12,10 +12,10 @@ import numpy as np
 from onnx import TensorProto, numpy_helper
 
 from lowering.builder import NodeBuilder
+from lowering.emit_common import Emitter, compute_type
 from opdef.errors import LoweringError
 
 _LOW_PRECISION = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
-_NP_OF = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64}
 
 
 @dataclass(frozen=True)
@@ -41,44 +41,13 @@ class BatchNormBackwardPlan:
     channel_last: bool = False  # layout hint when the rank is unknown (NXC)
 
 
-def compute_type(io_type: int) -> int:
-    """f16/bf16 are computed in f32 and rounded once; f32 and f64 compute in their own type."""
-    return TensorProto.DOUBLE if io_type == TensorProto.DOUBLE else TensorProto.FLOAT
-
-
-class _Emitter:
+class _Emitter(Emitter):
     def __init__(self, b: NodeBuilder, plan: BatchNormBackwardPlan) -> None:
-        self.b = b
+        super().__init__(b, compute_type(plan.io_type))
         self.p = plan
-        self.ct = compute_type(plan.io_type)
-        self.np_ct = _NP_OF[self.ct]
-
-    # -- small helpers -------------------------------------------------------------------------
-    def scalar(self, value: float, hint: str = "c") -> str:
-        return self._const(np.array(value, dtype=self.np_ct), hint)
-
-    def ints(self, values, hint: str = "shape") -> str:
-        return self._const(np.array(values, dtype=np.int64), hint)
-
-    def _const(self, array: np.ndarray, hint: str) -> str:
-        return self.b.const(array, hint=hint)  # one Constant node per distinct value in the graph
-
-    def cast(self, name: str, from_type: int, to_type: int, output: str | None = None) -> str:
-        if from_type == to_type:
-            return name if output is None else self.b.op1("Identity", [name], output)
-        return self.b.op1("Cast", [name], output, to=to_type)
 
     def reduce_sum(self, x: str, axes: tuple[int, ...], keepdims: int = 1, output: str | None = None) -> str:
-        if self.b.opset < 13:
-            return self.b.op1("ReduceSum", [x], output, axes=list(axes), keepdims=keepdims)
-        return self.b.op1("ReduceSum", [x, self.ints(list(axes), "axes")], output, keepdims=keepdims)
-
-    def finish(self, op_type: str, inputs: list[str], output: str, out_type: int) -> None:
-        """The last op of a result writes the requested name, through one Cast when types differ."""
-        if out_type == self.ct:
-            self.b.op1(op_type, inputs, output)
-        else:
-            self.b.op1("Cast", [self.b.op1(op_type, inputs)], output, to=out_type)
+        return self.reduce("ReduceSum", x, axes, keepdims, output)
 
     # -- the lowering ----------------------------------------------------------------------------
     def emit(self) -> None:

@@ -1,0 +1,55 @@
+"""What every emitter shares: the computation type, and small node helpers over a :class:`NodeBuilder`."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from lowering.builder import NodeBuilder
+
+_NP_OF = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64}
+# Opset from which a reduction takes ``axes`` as an input instead of an attribute.
+AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceSumSquare": 18}
+
+
+def compute_type(*types: int) -> int:
+    """f64 computes in f64; everything else (f32, and f16/bf16 cast up once, rounded once) in f32."""
+    return TensorProto.DOUBLE if TensorProto.DOUBLE in types else TensorProto.FLOAT
+
+
+class Emitter:
+    """Base of the op emitters: constants in the computation type, casts, reductions, the final write."""
+
+    def __init__(self, b: NodeBuilder, ct: int) -> None:
+        self.b = b
+        self.ct = ct
+        self.np_ct = _NP_OF[ct]
+
+    def scalar(self, value: float, hint: str = "c") -> str:
+        return self.b.const(np.array(value, dtype=self.np_ct), hint=hint)
+
+    def ints(self, values, hint: str = "shape") -> str:
+        return self.b.const(np.array(values, dtype=np.int64), hint=hint)
+
+    def cast(self, name: str, from_type: int, to_type: int, output: str | None = None) -> str:
+        if from_type == to_type:
+            return name if output is None else self.b.op1("Identity", [name], output)
+        return self.b.op1("Cast", [name], output, to=to_type)
+
+    def up(self, name: str, from_type: int) -> str:
+        """``name`` in the computation type."""
+        return self.cast(name, from_type, self.ct)
+
+    def reduce(self, op_type: str, x: str, axes: tuple[int, ...], keepdims: int = 1,
+               output: str | None = None) -> str:
+        """A reduction over ``axes``: an attribute before the opset that made it an input."""
+        if self.b.opset < AXES_INPUT_SINCE[op_type]:
+            return self.b.op1(op_type, [x], output, axes=list(axes), keepdims=keepdims)
+        return self.b.op1(op_type, [x, self.ints(list(axes), "axes")], output, keepdims=keepdims)
+
+    def finish(self, op_type: str, inputs: list[str], output: str, out_type: int) -> None:
+        """The last op of a result writes the requested name, through one Cast when the types differ."""
+        if out_type == self.ct:
+            self.b.op1(op_type, inputs, output)
+        else:
+            self.b.op1("Cast", [self.b.op1(op_type, inputs)], output, to=out_type)

@@ -77,20 +77,16 @@ def plan_batch_norm_backward(request: LoweringRequest) -> BatchNormBackwardPlan:
 
 
 def _channel_axis(node: NodeInference, binding: Binding) -> int | None:
-    """The verifier's channel axis. Keep-rank statistics (DirectML) may have none (every axis reduced, or
-    several kept); bn_emit only range-checks it there (the reduce axes decide), so the first kept axis
-    (or 0) stands in. TODO: drop once bn_emit accepts None with stats_keep_rank."""
-    if node.channel_axis is not None or binding.layout != "stats_broadcast" or node.rank is None:
-        return node.channel_axis
-    if node.reduce_axes is None:  # guessing would sum over the wrong axes
+    """The verifier's channel axis. Keep-rank statistics (DirectML) need none (the reduce axes decide), but
+    their reduce axes must be known: guessing would sum over the wrong axes."""
+    if binding.layout == "stats_broadcast" and node.rank is not None and node.reduce_axes is None:
         stats = [node.input_types[i] for i, v in enumerate(node.inputs) if v and v == node.roles.get("mean")]
         shape = stats[0].shape if stats and stats[0] is not None else None
         raise LoweringError(f"{node.domain} {node.op_type} '{node.node_name}': cannot tell which axes the "
                             f"statistics reduce: mean has shape {_dims(shape)}, src {_dims(_src_shape(node))}; "
                             "declare the statistics' shape with 1 on every reduced axis and src's size (or "
                             "symbol) on the others")
-    kept = [a for a in range(node.rank) if a not in node.reduce_axes]
-    return kept[0] if kept else 0
+    return node.channel_axis
 
 
 def _dims(shape) -> str:

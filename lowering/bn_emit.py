@@ -146,12 +146,14 @@ class _Emitter(Emitter):
         p, b = self.p, self.b
         self.x_view, self.dy_view = x, dy
         if p.rank is not None:
+            if p.stats_keep_rank:  # the statistics broadcast as they are; the reduce axes decide
+                if p.reduce_axes is None:
+                    raise LoweringError("statistics that keep the input's rank need their reduce axes")
+                return tuple(p.reduce_axes), None, None
             ch = p.channel_axis
             if ch is None or not 0 <= ch < p.rank:
                 raise LoweringError(f"channel axis {ch} is out of range for rank {p.rank}")
             axes = p.reduce_axes if p.reduce_axes is not None else tuple(a for a in range(p.rank) if a != ch)
-            if p.stats_keep_rank:
-                return tuple(axes), None, None
             return tuple(axes), [-1] + [1] * (p.rank - 1 - ch), None
         if p.stats_keep_rank:
             raise LoweringError("statistics that keep the input's rank need a known rank")

@@ -21,6 +21,7 @@ from lowering.builder import NodeBuilder
 from lowering.emit_common import Emitter, compute_type
 from lowering.rules import LoweringRequest, register_rule
 from opdef.errors import LoweringError
+from opdef.rules.batch_norm_internal import INPUT_ROLES
 
 _FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
 
@@ -139,10 +140,6 @@ def emit_batch_norm_internal(b: NodeBuilder, plan: BatchNormInternalPlan) -> Non
 
 # -- the registered rule -----------------------------------------------------------------------------
 
-_INPUT_ROLES = ("src", "gamma", "beta", "input_mean", "input_var")
-_OUTPUT_ROLES = ("dst", "running_mean", "running_var", "saved_mean", "saved_inv_std")
-
-
 def _attribute(request: LoweringRequest, role: str) -> object:
     inference = request.inference
     name = inference.binding.arg(role)
@@ -161,7 +158,7 @@ def _input_type(request: LoweringRequest, role: str):
 def lower_batch_norm_internal(b: NodeBuilder, request: LoweringRequest) -> None:
     """BatchNormInternal -> standard ONNX; outputs nobody consumes are not computed."""
     inference = request.inference
-    inputs = {role: request.input(role) for role in _INPUT_ROLES}
+    inputs = {role: request.input(role) for role in INPUT_ROLES}
     missing = [role for role, name in inputs.items() if name is None]
     if missing:
         raise LoweringError(f"{inference.op_type} '{inference.node_name}': inputs for {missing} are missing")

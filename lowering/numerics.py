@@ -7,7 +7,7 @@ last place of the output type at its own magnitude.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -86,8 +86,3 @@ def random_feeds(inputs: Sequence[tuple[str, int, tuple]], rng: np.random.Genera
             feeds[name] = rng.integers(0, 3, dims).astype(helper.tensor_dtype_to_np_dtype(elem_type))
     return feeds
 
-
-def compare_all(reference: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray],
-                elem_types: Mapping[str, int], rel: float = F32_REL) -> list[Comparison]:
-    return [compare(name, reference[name], got[name], elem_types.get(name, TensorProto.FLOAT), rel)
-            for name in reference]

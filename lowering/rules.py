@@ -8,7 +8,7 @@ hands the rule a :class:`LoweringRequest` and splices what the rule emitted in p
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from lowering.builder import NodeBuilder
@@ -76,10 +76,6 @@ def register_rule(key: str) -> Callable[[Rule], Rule]:
 def unregister_rule(key: str) -> None:
     """For tests that register temporary rules."""
     _RULES.pop(key, None)
-
-
-def registered_rules() -> Mapping[str, Rule]:
-    return dict(_RULES)
 
 
 def rule_for(key: str) -> Rule:

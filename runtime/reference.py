@@ -13,7 +13,6 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 BACKWARD_OUTPUTS = ("diff_src", "diff_gamma", "diff_beta")
-INTERNAL_OUTPUTS = ("Y", "running_mean", "running_var", "saved_mean", "saved_inv_std")
 
 
 def _f64(a) -> np.ndarray:

@@ -82,14 +82,6 @@ def merge_shape(a: Sequence[Dim] | None, b: Sequence[Dim] | None) -> tuple[Dim, 
     return tuple(merge_dim(x, y) for x, y in zip(a, b, strict=True))
 
 
-def compatible(a: Sequence[Dim] | None, b: Sequence[Dim] | None) -> bool:
-    try:
-        merge_shape(a, b)
-    except Conflict:
-        return False
-    return True
-
-
 # -- the node context ------------------------------------------------------------------------------
 
 

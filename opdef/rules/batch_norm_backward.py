@@ -58,7 +58,6 @@ def batch_norm_backward(ctx: NodeContext) -> RuleResult:
     _same_element_type(ctx, stats)
     if layout is None:
         stat_shape, rank = _broadcast_stats(ctx, stats, src, data_shape)
-        reduce_axes = None
         channel_axis = None
         reduce_axes = None if stat_shape is None else _keep_rank_reduce_axes(stat_shape, data_shape)
         if reduce_axes is not None:

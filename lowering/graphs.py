@@ -5,15 +5,14 @@ Nothing here knows about any particular op. Every helper is one walk over what i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 
 import onnx
-from onnx import AttributeProto
 
+from opdef.graphs import GraphLike, all_graphs, all_nodes, model_graphs, subgraphs
 from opdef.node import TensorType
 from opdef.verify import tensor_type_from_proto
 
-GraphLike = onnx.GraphProto | onnx.FunctionProto
 FunctionKey = tuple[str, str, str]  # (domain, name, overload), as a calling node spells it
 
 
@@ -25,35 +24,10 @@ def call_key(node: onnx.NodeProto) -> FunctionKey:
     return node.domain, node.op_type, node.overload
 
 
-def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
-    """The If/Loop/Scan bodies (any graph-valued attribute) of ``node``."""
-    for attr in node.attribute:
-        if attr.type == AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == AttributeProto.GRAPHS:
-            yield from attr.graphs
-
-
-def all_nodes(graph: GraphLike) -> Iterator[onnx.NodeProto]:
-    """Every node of ``graph`` and of its subgraphs (recursively), a node's subgraphs right after it."""
-    for node in graph.node:
-        yield node
-        if node.attribute:
-            for sub in subgraphs(node):
-                yield from all_nodes(sub)
-
-
-def model_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
-    yield from all_nodes(model.graph)
-    for function in model.functions:
-        yield from all_nodes(function)
-
-
 def names_in_use(model: onnx.ModelProto) -> set[str]:
     """Every value, node, graph input/initializer name anywhere in the model (subgraphs, functions)."""
     names: set[str] = set()
-
-    def graph_names(graph: GraphLike) -> None:
+    for graph in model_graphs(model):
         if isinstance(graph, onnx.FunctionProto):
             names.update(graph.input)
             names.update(graph.output)
@@ -66,13 +40,6 @@ def names_in_use(model: onnx.ModelProto) -> set[str]:
             names.add(node.name)
             names.update(node.input)
             names.update(node.output)
-            if node.attribute:
-                for sub in subgraphs(node):
-                    graph_names(sub)
-
-    graph_names(model.graph)
-    for function in model.functions:
-        graph_names(function)
     names.discard("")
     return names
 
@@ -144,17 +111,11 @@ def inferred_types(model: onnx.ModelProto) -> dict[str, TensorType]:
     except Exception:  # noqa: BLE001 -- best effort: the verifier reports what stays unknown
         return {}
     found: dict[str, TensorType] = {}
-
-    def visit(graph: onnx.GraphProto) -> None:
+    for graph in all_graphs(proto.graph):
         for info in [*graph.input, *graph.value_info, *graph.output]:
             t = tensor_type_from_proto(info.type)
             if t is not None and t.elem_type is not None:
                 found.setdefault(info.name, t)
-        for node in graph.node:
-            for sub in subgraphs(node):
-                visit(sub)
-
-    visit(proto.graph)
     return found
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import onnx
 
 from opdef.errors import ModelError, OplowerError
+from opdef.graphs import node_display_name
 
 
 def load_model(path: Path | str, load_external_data: bool = True) -> onnx.ModelProto:
@@ -246,10 +247,9 @@ class _Structure:
                 raise self.fail(f"{where}: output '{name}' is produced by no node")
 
     def _label(self, node: onnx.NodeProto, where: str) -> str:
-        name = self.name(node.name, f"{where}: node name")
+        self.name(node.name, f"{where}: node name")
         op = f"{_text(node.domain) or 'ai.onnx'}::{_text(node.op_type)}"
-        first = next((o for o in node.output if o), "")
-        shown = name or (f"<{_text(first)}>" if first else "<unnamed>")
+        shown = node_display_name(node)  # an output that is not UTF-8 (bytes) shows as its repr, like _text
         return f"node '{shown}' ({op}) in {where}" if where != "the main graph" else f"node '{shown}' ({op})"
 
     def _dims(self, vi: onnx.ValueInfoProto, where: str) -> None:

@@ -28,6 +28,7 @@ from lowering.compat import runtime_ir_version
 from lowering.modelio import check_structure
 from lowering.rules import LoweringOptions, LoweringRequest, rule_for
 from opdef.errors import LoweringError
+from opdef.graphs import model_nodes, subgraphs
 from opdef.node import NodeInference, TensorType
 from opdef.registry import Registry, load_schemas
 from opdef.verify import infer_node, tensor_type_to_proto, value_types_of_graph
@@ -170,7 +171,7 @@ class _Lowering:
             model.opset_import.add(domain="", version=DEFAULT_OPSET)
             modified = True
         count = targets = 0
-        for node in graphs.model_nodes(model):
+        for node in model_nodes(model):
             count += 1
             targets += self._is_target(node)
         self.report.nodes_before = self.report.nodes_after = count
@@ -242,7 +243,7 @@ class _Lowering:
             types = scope.types
             self._call_sites.setdefault(key, []).append(tuple(types.get(a) if a else None for a in node.input))
         if node.attribute:
-            for sub in graphs.subgraphs(node):
+            for sub in subgraphs(node):
                 types = ChainMap(value_types_of_graph(sub), scope.types)
                 used |= self._graph(_Scope(sub, types, scope.reads, scope.root))
 

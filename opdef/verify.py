@@ -24,6 +24,7 @@ from onnx import AttributeProto, TensorProto, helper
 
 from opdef.binding import Binding
 from opdef.errors import ModelError, OplowerError, VerificationError
+from opdef.graphs import node_display_name, subgraphs
 from opdef.node import NodeInference, TensorType
 from opdef.registry import Registry, load_schemas
 from opdef.rules import rule_for
@@ -96,13 +97,6 @@ def infer_with_schema(schema: OpSchema, binding: Binding | None, node: onnx.Node
         rank=result.rank if result else None, channel_axis=result.channel_axis if result else None,
         reduce_axes=result.reduce_axes if result else None, epsilon=result.epsilon if result else None,
     )
-
-
-def node_display_name(node: onnx.NodeProto) -> str:
-    if node.name:
-        return node.name
-    first = next((o for o in node.output if o), None)
-    return f"<{first}>" if first else "<unnamed>"
 
 
 # -- arity -----------------------------------------------------------------------------------------
@@ -465,12 +459,8 @@ class _Walker:
         for node in nodes:
             if self.registry.handles(node.domain, node.op_type):
                 self._verify(node, types)
-            for attr in node.attribute:
-                if attr.type == AttributeProto.GRAPH:
-                    self.graph(attr.g, types)
-                elif attr.type == AttributeProto.GRAPHS:
-                    for g in attr.graphs:
-                        self.graph(g, types)
+            for sub in subgraphs(node):
+                self.graph(sub, types)
 
     def _verify(self, node: onnx.NodeProto, types: dict[str, TensorType | None]) -> None:
         try:

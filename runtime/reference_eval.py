@@ -19,6 +19,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from opdef.errors import ModelError, OplowerError, RuntimeFailure, VerificationError
+from opdef.graphs import all_nodes
 from opdef.registry import Entry, Registry
 from runtime import reference
 
@@ -182,20 +183,15 @@ def _prepared_copy(model: onnx.ModelProto, registry: Registry) -> onnx.ModelProt
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     counter = 0
-    for owner in (copy, *copy.functions):
+    for owner, body in ((copy, copy.graph), *((f, f) for f in copy.functions)):
         domains = set()
-        stack = [owner.graph.node if owner is copy else owner.node]
-        while stack:
-            for node in stack.pop():
-                domains.add(node.domain)
-                if (node.domain, node.op_type) in registry:
-                    for i, name in enumerate(node.output):
-                        if not name:
-                            node.output[i] = f"{_OMITTED}{counter}"
-                            counter += 1
-                for attr in node.attribute:
-                    stack.extend(g.node for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH
-                                                  else attr.graphs))
+        for node in all_nodes(body):
+            domains.add(node.domain)
+            if (node.domain, node.op_type) in registry:
+                for i, name in enumerate(node.output):
+                    if not name:
+                        node.output[i] = f"{_OMITTED}{counter}"
+                        counter += 1
         have = {o.domain for o in owner.opset_import}
         for domain in sorted(domains - have - {"ai.onnx"}):
             owner.opset_import.append(onnx.helper.make_opsetid(domain, 1))

@@ -28,6 +28,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from opdef.errors import ModelError, RuntimeFailure
+from opdef.graphs import first_output, located_nodes, model_graphs
 
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
 # onnxruntime-training ops that a plain (inference) onnxruntime lacks; used when onnxruntime's own
@@ -109,31 +110,16 @@ def _is_custom(domain: str, op_type: str, local_functions: frozenset[tuple[str, 
 def _node_label(node: onnx.NodeProto, index: int) -> str:
     if node.name:
         return node.name
-    outputs = [o for o in node.output if o]
-    return f"#{index} -> {outputs[0]}" if outputs else f"#{index}"
-
-
-def _walk_nodes(nodes: Iterable[onnx.NodeProto], where: str) -> Iterator[tuple[onnx.NodeProto, int, str]]:
-    for index, node in enumerate(nodes):
-        yield node, index, where
-        for attr in node.attribute:
-            graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else (
-                list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else [])
-            for graph in graphs:
-                inner = f"in the {attr.name} of '{_node_label(node, index)}'"
-                yield from _walk_nodes(graph.node, f"{inner} {where}".strip())
+    first = first_output(node)
+    return f"#{index} -> {first}" if first else f"#{index}"
 
 
 def find_custom_nodes(model: onnx.ModelProto) -> list[CustomNode]:
     """Every node (main graph, subgraphs, model-local functions) that plain onnxruntime cannot run."""
     local = frozenset((f.domain, f.name) for f in model.functions)
-    found = []
-    sources = [(model.graph.node, "")] + [(f.node, f"in function {f.domain}::{f.name}") for f in model.functions]
-    for nodes, where in sources:
-        for node, index, place in _walk_nodes(nodes, where):
-            if _is_custom(node.domain, node.op_type, local):
-                found.append(CustomNode(_node_label(node, index), node.domain, node.op_type, place))
-    return found
+    return [CustomNode(_node_label(node, index), node.domain, node.op_type, where)
+            for node, index, where in located_nodes(model, _node_label)
+            if _is_custom(node.domain, node.op_type, local)]
 
 
 def check_standard(model: onnx.ModelProto) -> None:
@@ -162,19 +148,6 @@ def _elem_types(tp: onnx.TypeProto) -> Iterator[int]:
         yield from _elem_types(tp.map_type.value_type)
 
 
-def _graphs(model: onnx.ModelProto) -> Iterator[onnx.GraphProto]:
-    stack = [model.graph]
-    nodes = [n for f in model.functions for n in f.node]
-    while stack:
-        graph = stack.pop()
-        yield graph
-        nodes.extend(graph.node)
-        while nodes:
-            node = nodes.pop()
-            for attr in node.attribute:
-                stack.extend([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)
-
-
 def required_ir_version(model: onnx.ModelProto) -> tuple[int, str]:
     """The lowest IR version the model's content needs, and the feature that needs it."""
     need, why = 3, "the minimum"
@@ -186,7 +159,9 @@ def required_ir_version(model: onnx.ModelProto) -> tuple[int, str]:
     if any(f.overload for f in model.functions) and need < 10:
         need, why = 10, "function overloads"
     elem_types: set[int] = set()
-    for graph in _graphs(model):
+    for graph in model_graphs(model):
+        if not isinstance(graph, onnx.GraphProto):
+            continue  # the graphs only: a function body's own nodes and value_info are not looked at
         for tp in _type_protos(graph):
             elem_types.update(_elem_types(tp))
         elem_types.update(t.data_type for t in graph.initializer)

@@ -11,7 +11,8 @@ import onnx
 
 from opdef.graphs import GraphLike, all_graphs, all_nodes, model_graphs, subgraphs
 from opdef.node import TensorType
-from opdef.verify import tensor_type_from_proto
+from opdef.registry import Registry
+from opdef.verify import infer_shapes, tensor_type_from_proto
 
 FunctionKey = tuple[str, str, str]  # (domain, name, overload), as a calling node spells it
 
@@ -100,14 +101,14 @@ def functions_callers_first(model: onnx.ModelProto) -> list[onnx.FunctionProto]:
     return order + [f for f in model.functions if id(f) not in seen]  # a call cycle (invalid): model order
 
 
-def inferred_types(model: onnx.ModelProto) -> dict[str, TensorType]:
+def inferred_types(model: onnx.ModelProto, registry: Registry) -> dict[str, TensorType]:
     """Types onnx shape inference finds in the main graph and its subgraphs, by value name.
 
     Used only when a custom node's inputs declare no type (no value_info). Tensors stored externally stay
     references; an inference failure just means no extra information.
     """
     try:
-        proto = onnx.shape_inference.infer_shapes(model)
+        proto = infer_shapes(model, registry)
     except Exception:  # noqa: BLE001 -- best effort: the verifier reports what stays unknown
         return {}
     found: dict[str, TensorType] = {}

@@ -314,11 +314,7 @@ class _Lowering:
     def _inferred_types(self) -> dict[str, TensorType]:
         """onnx shape inference, once per model, on the model as given (custom ops known to onnx)."""
         if self._inferred is None:
-            from opdef.onnx_defs import lenient_inference, register_onnx_schemas
-
-            register_onnx_schemas(self.registry)
-            with lenient_inference():
-                self._inferred = graphs.inferred_types(self.source)
+            self._inferred = graphs.inferred_types(self.source, self.registry)
         return self._inferred
 
     def _note_output_types(self, node: onnx.NodeProto, output_types: tuple[TensorType | None, ...],

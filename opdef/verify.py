@@ -41,7 +41,7 @@ from opdef.rules.base import (
 from opdef.schema import Argument, Attribute, OpSchema
 from opdef.types import ONNX_ELEM_TYPE, TYPE_CLASSES, normalize_type
 
-__all__ = ["InvalidNodes", "format_shape", "format_type", "infer_node", "infer_with_schema",
+__all__ = ["InvalidNodes", "format_shape", "format_type", "infer_node", "infer_shapes", "infer_with_schema",
            "onnx_attribute_kind", "tensor_type_from_proto", "value_types_of_graph", "verify_model"]
 
 
@@ -420,12 +420,8 @@ def verify_model(model: onnx.ModelProto, registry: Registry | None = None, *,
     Returns the NodeInference of each. Raises the first VerificationError; with ``all_errors``,
     raises :class:`InvalidNodes` carrying every error and the nodes that did verify.
     """
-    from opdef.onnx_defs import lenient_inference, register_onnx_schemas
-
     registry = registry if registry is not None else load_schemas()
-    register_onnx_schemas(registry)
-    with lenient_inference():
-        inferred = _infer_shapes(model)
+    inferred = infer_shapes(model, registry)
     walker = _Walker(registry, all_errors)
     walker.graph(inferred.graph, {})
     for function in inferred.functions:
@@ -435,14 +431,20 @@ def verify_model(model: onnx.ModelProto, registry: Registry | None = None, *,
     return walker.results
 
 
-def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    try:
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
-    except OplowerError:
-        raise
-    except Exception as exc:  # onnx's InferenceError, ValidationError, RuntimeError ...
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"onnx shape inference failed: {first}") from None
+def infer_shapes(model: onnx.ModelProto, registry: Registry) -> onnx.ModelProto:
+    """onnx shape inference on ``model`` (a copy comes back), the registry's ops known to onnx and inferred
+    leniently; raises ModelError when onnx fails."""
+    from opdef.onnx_defs import lenient_inference, register_onnx_schemas
+
+    register_onnx_schemas(registry)
+    with lenient_inference():
+        try:
+            return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+        except OplowerError:
+            raise
+        except Exception as exc:  # onnx's InferenceError, ValidationError, RuntimeError ...
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelError(f"onnx shape inference failed: {first}") from None
 
 
 class _Walker:

@@ -13,9 +13,10 @@ import onnx
 from onnx import TensorProto
 
 from lowering.examples import BnCase, build_example, case_geometry
-from lowering.numerics import TYPE_NAMES, compare
+from lowering.numerics import compare
 from lowering.passes import lower_model_with_report
 from opdef.registry import Registry, load_schemas
+from opdef.types import type_name
 from runtime.session import run_model
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
@@ -50,7 +51,7 @@ def run_demo(registry: Registry | None = None, echo: Callable[[str], None] = pri
         _, axes, stat_shape = case_geometry(entry, case)
         layout = case.layout if entry.binding.layout == "data_format" else (
             "stats keep rank" if entry.binding.layout == "stats_broadcast" else "NCX")
-        types = TYPE_NAMES[case.io_type] + "/" + TYPE_NAMES[case.stat_type or case.io_type]
+        types = type_name(case.io_type) + "/" + type_name(case.stat_type or case.io_type)
         dialect = "onnxruntime-training" if case.op[0] == "com.microsoft" else entry.schema.dialect
         echo(f"{case.name}: {dialect} {case.op[0]}::{case.op[1]}, {layout}, {types}, "
              f"src {list(case.shape)}, stats {list(stat_shape)}, statistics {entry.binding.statistics}")

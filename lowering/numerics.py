@@ -10,17 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 from onnx import TensorProto, helper
+
+from opdef.types import ONNX_ELEM_TYPE, TYPE_CLASSES, type_name
+from runtime.session import np_dtype
 
 F32_REL = 2e-6
 # Relative size of one unit in the last place (the spacing of numbers near 1.0): bf16 has 8 significant bits.
 _ULP = {TensorProto.FLOAT16: 2.0 ** -10, TensorProto.BFLOAT16: 2.0 ** -7}
-_NP = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64, TensorProto.FLOAT16: np.float16,
-       TensorProto.BFLOAT16: ml_dtypes.bfloat16}
-TYPE_NAMES = {TensorProto.FLOAT: "f32", TensorProto.DOUBLE: "f64", TensorProto.FLOAT16: "f16",
-              TensorProto.BFLOAT16: "bf16"}
+# The element types compared with a tolerance and given random normal inputs: f32, f16, bf16, f64.
+FLOAT_TYPES = frozenset(ONNX_ELEM_TYPE[name] for name in TYPE_CLASSES["real"])
 
 
 @dataclass(frozen=True)
@@ -34,15 +34,15 @@ class Comparison:
 
     def describe(self) -> str:
         verdict = "PASS" if self.ok else "FAIL"
-        return (f"{self.name}: {TYPE_NAMES.get(self.elem_type, self.elem_type)} max abs err {self.max_abs:.3g}, "
+        shown = type_name(self.elem_type) if self.elem_type in FLOAT_TYPES else self.elem_type
+        return (f"{self.name}: {shown} max abs err {self.max_abs:.3g}, "
                 f"max rel err {self.max_rel:.3g} (error/tolerance {self.worst_ratio:.2g}) {verdict}")
 
 
-def np_type(elem_type: int):
-    try:
-        return _NP[elem_type]
-    except KeyError:
-        raise ValueError(f"no float type for ONNX element type {elem_type}") from None
+def np_type(elem_type: int) -> np.dtype:
+    if elem_type not in FLOAT_TYPES:
+        raise ValueError(f"no float type for ONNX element type {elem_type}")
+    return np_dtype(elem_type)
 
 
 def compare(name: str, reference, got, elem_type: int, rel: float = F32_REL) -> Comparison:
@@ -79,9 +79,9 @@ def random_feeds(inputs: Sequence[tuple[str, int, tuple]], rng: np.random.Genera
                      for d in shape)
         if elem_type == TensorProto.BOOL:
             feeds[name] = rng.random(dims) < 0.5
-        elif elem_type in _NP:
+        elif elem_type in FLOAT_TYPES:
             values = rng.uniform(0.5, 2.0, dims) if positive(name) else rng.standard_normal(dims)
-            feeds[name] = values.astype(np.float32).astype(_NP[elem_type])
+            feeds[name] = values.astype(np.float32).astype(np_dtype(elem_type))
         else:
             feeds[name] = rng.integers(0, 3, dims).astype(helper.tensor_dtype_to_np_dtype(elem_type))
     return feeds

@@ -190,7 +190,8 @@ class _Emitter(Emitter):
 class _Fast:
     """The tuned formulation for per-channel [C] statistics with the channel axis second (NCX) or last (NXC).
 
-    The tensors are viewed as [N, C, X] (NCX) or [M, C] (NXC); Reshape aliases, so views cost nothing.
+    The tensors are viewed as [M, C] (NXC), or [N, C, X] (NCX of unknown rank; NCX of known rank is used as it
+    is); Reshape aliases, so views cost nothing.
     With xc = x - mean (centred before any product: exact when |mean| >> std) and per-channel vectors
     S1 = sum(dy), S2 = sum(dy*xc):  diff_beta = S1, diff_gamma = inv*S2 and
     diff_src = a*dy + b*xc + c with a = gamma*inv, b = -a*inv*diff_gamma/M, c = -a*S1/M.

@@ -7,13 +7,13 @@ hands the rule a :class:`LoweringRequest` and splices what the rule emitted in p
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from lowering.builder import NodeBuilder
 from opdef.errors import LoweringError
 from opdef.node import NodeInference
+from opdef.rules.base import import_rule_module
 
 ONEDNN_SINGLE_OUTPUT = ("spec", "upstream")
 
@@ -79,12 +79,8 @@ def unregister_rule(key: str) -> None:
 
 
 def rule_for(key: str) -> Rule:
-    if key not in _RULES and key.isidentifier():
-        try:
-            importlib.import_module(f"lowering.{key}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"lowering.{key}":
-                raise
+    if key not in _RULES:
+        import_rule_module("lowering", key)
     try:
         return _RULES[key]
     except KeyError:

@@ -218,13 +218,21 @@ def rule_for(key: str) -> Rule | None:
     A rule ``key`` lives in ``opdef.rules.<key>`` and is imported, which registers it, on first use: the
     same convention as the lowering rules (``lowering.<key>``), so a new op adds files, not imports.
     """
-    if key not in RULES and key.isidentifier():
-        try:
-            importlib.import_module(f"opdef.rules.{key}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"opdef.rules.{key}":
-                raise
+    if key not in RULES:
+        import_rule_module("opdef.rules", key)
     return RULES.get(key)
+
+
+def import_rule_module(package: str, key: str) -> None:
+    """Import ``<package>.<key>`` if it exists (importing registers the rule it defines); a rule key that
+    is no module name, or a module that does not exist, is simply no rule."""
+    if not key.isidentifier():
+        return
+    try:
+        importlib.import_module(f"{package}.{key}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{package}.{key}":
+            raise
 
 
 def bound_roles(ctx: NodeContext) -> dict[str, str]:

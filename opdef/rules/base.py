@@ -9,6 +9,7 @@ the channel axis, output shapes. It raises ``ctx.error(...)``; it never walks th
 from __future__ import annotations
 
 import importlib
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -210,6 +211,25 @@ def register_rule(key: str) -> Callable[[Rule], Rule]:
         RULES[key] = fn
         return fn
     return decorate
+
+
+def number_attribute(ctx: NodeContext, name: str) -> float:
+    """A numeric attribute (the schema's default already applied); missing or non-numeric is an error."""
+    value = ctx.attributes.get(name)
+    if value is None:
+        raise ctx.error(f"attribute '{name}' is missing and the spec gives no default")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ctx.error(f"{name} is {value!r}; expected a number")
+    return float(value)
+
+
+def epsilon_attribute(ctx: NodeContext, name: str) -> float:
+    """epsilon: finite and > 0 (labelled with the spec's constraint that says so, where it has one)."""
+    value = number_attribute(ctx, name)
+    if not math.isfinite(value) or value <= 0:
+        raise ctx.error(f"{name} is {value!r}; it must be finite and > 0",
+                        ctx.constraint_label([name], ("positive", "finite")))
+    return value
 
 
 def rule_for(key: str) -> Rule | None:

@@ -18,7 +18,6 @@ What cannot be decided statically is not an error: with src's rank unknown, ``NX
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from opdef.errors import SpecError
@@ -28,6 +27,7 @@ from opdef.rules.base import (
     NodeContext,
     RuleResult,
     bound_roles,
+    epsilon_attribute,
     format_elem,
     format_shape,
     merge_shape,
@@ -46,7 +46,7 @@ def batch_norm_backward(ctx: NodeContext) -> RuleResult:
         raise SpecError("bindings.json", None, f"{binding.domain}::{binding.op_type}: rule batch_norm_backward "
                                                f"needs the role(s) {missing}")
     src, diff_dst = binding.arg("src"), binding.arg("diff_dst")
-    epsilon = _epsilon(ctx, binding.arg("epsilon"))
+    epsilon = epsilon_attribute(ctx, binding.arg("epsilon"))
 
     _same_element_type(ctx, [src, diff_dst])
     data_shape = _data_shape(ctx, src, diff_dst)
@@ -84,18 +84,6 @@ def batch_norm_backward(ctx: NodeContext) -> RuleResult:
 
 
 # -- attributes ------------------------------------------------------------------------------------
-
-def _epsilon(ctx: NodeContext, name: str) -> float:
-    value = ctx.attributes.get(name)
-    if value is None:
-        raise ctx.error(f"attribute '{name}' is missing and the spec gives no default")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ctx.error(f"{name} is {value!r}; expected a number")
-    if not math.isfinite(value) or value <= 0:
-        raise ctx.error(f"{name} is {value!r}; it must be finite and > 0",
-                        ctx.constraint_label([name], ("positive", "finite")))
-    return float(value)
-
 
 def _layout(ctx: NodeContext) -> str | None:
     """Where the channel axis is: "first" (axis 1), "last", or None when the statistics decide (stats_broadcast)."""

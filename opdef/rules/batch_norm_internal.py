@@ -11,8 +11,6 @@ any other value is training.
 
 from __future__ import annotations
 
-import math
-
 from opdef.errors import SpecError
 from opdef.node import Dim, TensorType
 from opdef.rules.base import (
@@ -20,8 +18,10 @@ from opdef.rules.base import (
     NodeContext,
     RuleResult,
     bound_roles,
+    epsilon_attribute,
     format_shape,
     merge_shape,
+    number_attribute,
     register_rule,
 )
 
@@ -39,7 +39,7 @@ def batch_norm_internal(ctx: NodeContext) -> RuleResult:
         raise SpecError("bindings.json", None, f"{binding.domain}::{binding.op_type}: rule batch_norm_internal "
                                                f"needs the role(s) {missing}")
     x = binding.arg("src")
-    epsilon = _epsilon(ctx, binding.arg("epsilon"))
+    epsilon = epsilon_attribute(ctx, binding.arg("epsilon"))
     _momentum(ctx, binding.arg("momentum"))
     training = _training_mode(ctx, binding.arg("training_mode"))
 
@@ -68,25 +68,8 @@ def batch_norm_internal(ctx: NodeContext) -> RuleResult:
 
 # -- attributes ------------------------------------------------------------------------------------
 
-def _number(ctx: NodeContext, name: str) -> float:
-    value = ctx.attributes.get(name)
-    if value is None:
-        raise ctx.error(f"attribute '{name}' is missing and the spec gives no default")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ctx.error(f"{name} is {value!r}; expected a number")
-    return float(value)
-
-
-def _epsilon(ctx: NodeContext, name: str) -> float:
-    value = _number(ctx, name)
-    if not math.isfinite(value) or value <= 0:
-        raise ctx.error(f"{name} is {value!r}; it must be finite and > 0",
-                        ctx.constraint_label([name], ("positive",)))
-    return value
-
-
 def _momentum(ctx: NodeContext, name: str) -> float:
-    value = _number(ctx, name)
+    value = number_attribute(ctx, name)
     if not 0.0 <= value <= 1.0:  # also refuses NaN
         raise ctx.error(f"{name} is {value!r}; it must lie in [0, 1]", ctx.constraint_label([name]))
     return value

@@ -13,9 +13,19 @@ settings.register_profile("dev", max_examples=200, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+NO_SHARED = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} is absent: seeds/corpus tests need "
+                                                          "../shared beside the project")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that read ../shared (they take the ``shared_dir`` fixture) are skipped, with the reason, only
+    when it is absent; the core tests never need it."""
+    for item in items:
+        if "shared_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(NO_SHARED)
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
-    """../shared beside the project; tests that need it skip with a clear reason when it is absent."""
-    if not SHARED.is_dir():
-        pytest.skip(f"{SHARED} is absent: seeds/corpus tests need ../shared beside the project")
+    """../shared beside the project (the seeds and the upstream corpus)."""
     return SHARED

@@ -129,6 +129,25 @@ class _Scope:
     root: _Root
     constants: dict[tuple, str] = field(default_factory=dict)  # the graph's shared Constant nodes by value
     constant_names: set[str] = field(default_factory=set)  # their value names
+    # lowering key -> what its rule emitted here: a _Replay, or where the first such node's nodes are in
+    # ``graph.node`` until a second node with the key makes it worth a _Replay
+    replays: dict[tuple, _Replay | tuple] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Replay:
+    """What a rule emitted for one node, to emit again for a later node of the same graph with the same
+    lowering key (op, attributes, argument types and sharing, wanted outputs): the rule's output depends on
+    nothing else, so the nodes are copied and only the value and node names change.
+
+    Each name slot is a ``str`` kept as it is (a shared constant of the graph, or ""), an ``int >= 0``
+    (position in the custom node's inputs + outputs) or ``~k`` (the k-th fresh name, made from ``hints[k]``).
+    The graph's shared Constant nodes are not part of ``nodes``: they exist already.
+    """
+
+    nodes: tuple[onnx.NodeProto, ...]
+    slots: tuple[tuple[tuple[str | int, ...], tuple[str | int, ...], str | int], ...]  # inputs, outputs, name
+    hints: tuple[str, ...]
 
 
 @dataclass
@@ -249,40 +268,52 @@ class _Lowering:
 
     # -- one node --------------------------------------------------------------------------------
     def _lower_node(self, node: onnx.NodeProto, scope: _Scope) -> None:
-        inference = self._infer(node, self._value_types(node, scope))
+        inference, key = self._infer(node, self._value_types(node, scope))
         wanted = frozenset(name for name in node.output if name in scope.reads)
-        request = LoweringRequest(inference, wanted, self.options)
+        replay_key = (key, tuple(name in wanted for name in node.output))
         out = scope.graph.node
-        start = len(out)
         prefix = node.name or node.op_type
         # a prefix no model name starts with ("<prefix>/...") is numbered on across nodes, never looked up
         prefix_free = prefix not in self._taken_prefixes
         builder = NodeBuilder(self._opset(scope.root), prefix, self._taken.__contains__, into=out,
                               constants=scope.constants, prefix_free=prefix_free,
                               first_index=self._name_index.get(prefix, 0) if prefix_free else 0)
-        rule_for(inference.binding.rule)(builder, request)
+        replay = scope.replays.get(replay_key)
+        if replay is not None:
+            if type(replay) is tuple:  # the second node with this key: record the first one's lowering
+                first, first_prefix, start, count, new_constants = replay
+                replay = scope.replays[replay_key] = _recorded(first, first_prefix, out[start:start + count],
+                                                               new_constants, scope.constant_names)
+            emitted = _replay(replay, node, builder, out)
+        else:
+            start = len(out)
+            rule_for(inference.binding.rule)(builder, LoweringRequest(inference, wanted, self.options))
+            live, produced = _checked_live(node, builder, wanted, scope.constant_names)
+            dead = [i for i in range(len(builder.nodes)) if i not in live]
+            for i in reversed(dead):
+                del out[start + i]
+            new_constants = set()
+            for name, constant in builder.new_constants.items():
+                if name in produced:
+                    scope.constant_names.add(name)
+                    new_constants.add(name)
+                else:  # a Constant nobody here reads is not there for later nodes either
+                    del scope.constants[constant]
+            emitted = len(live)
+            scope.replays[replay_key] = (node, prefix, start, emitted, new_constants)
         if prefix_free:
             self._name_index[prefix] = builder.last_index
         else:
             self._taken |= builder.used_names
-        live, produced = _checked_live(node, builder, wanted, scope.constant_names)
-        dead = [i for i in range(len(builder.nodes)) if i not in live]
-        for i in reversed(dead):
-            del out[start + i]
-        for name, key in builder.new_constants.items():
-            if name in produced:
-                scope.constant_names.add(name)
-            else:  # a Constant nobody here reads is not there for later nodes either
-                del scope.constants[key]
-        self._added += len(live) - 1
+        self._added += emitted - 1
         self._note_output_types(node, inference.output_types, wanted, scope)
         self.report.lowered[f"{node.domain}::{node.op_type}"] += 1
 
-    def _infer(self, node: onnx.NodeProto, types: Types) -> NodeInference:
+    def _infer(self, node: onnx.NodeProto, types: Types) -> tuple[NodeInference, tuple]:
         """:func:`infer_node`, once per distinct node signature: verification depends on the op, the
         attributes, which arguments are given (and which share a value) and their types, never on the value
         names, which are renamed into an earlier node's result. (Only successes are kept: an error names
-        its own node.)"""
+        its own node.) Returns the inference and the signature."""
         inputs, outputs = tuple(node.input), tuple(node.output)
         first: dict[str, int] = {}
         sharing = tuple(first.setdefault(name, len(first)) if name else -1 for name in inputs + outputs)
@@ -292,13 +323,13 @@ class _Lowering:
         if known is None:
             inference = infer_node(node, types, registry=self.registry)
             self._inferences[key] = (inference, inputs + outputs)
-            return inference
+            return inference, key
         inference, names = known
         rename = dict(zip(names, inputs + outputs, strict=True))
         return dataclasses.replace(
             inference, node_name=node.name, inputs=tuple(rename.get(n, n) for n in inference.inputs),
             outputs=tuple(rename.get(n, n) for n in inference.outputs),
-            roles={role: rename.get(n, n) for role, n in inference.roles.items()})
+            roles={role: rename.get(n, n) for role, n in inference.roles.items()}), key
 
     def _value_types(self, node: onnx.NodeProto, scope: _Scope) -> Types:
         types = scope.types
@@ -328,6 +359,55 @@ class _Lowering:
             if isinstance(graph, onnx.GraphProto) and name not in local and t.elem_type is not None:
                 graph.value_info.add(name=name).type.CopyFrom(tensor_type_to_proto(t))
             local[name] = t
+
+
+def _recorded(node: onnx.NodeProto, prefix: str, emitted, new_constants: set[str], shared: set[str]) -> _Replay:
+    """The :class:`_Replay` of what a rule emitted for ``node`` (``emitted``: its live nodes; ``shared``: the
+    graph's shared constants, ``new_constants`` those of them it emitted)."""
+    positions: dict[str, int] = {}
+    for i, name in enumerate(list(node.input) + list(node.output)):
+        if name:
+            positions.setdefault(name, i)
+    fresh: dict[str, int] = {}
+    hints: list[str] = []
+    start = len(prefix) + 1
+
+    def slot(name: str) -> str | int:
+        if name in positions:
+            return positions[name]
+        k = fresh.get(name)
+        if k is None:
+            if name in shared or not name.startswith(prefix + "/"):  # a shared constant of the graph, or ""
+                return name
+            k = fresh[name] = len(hints)
+            hints.append(name[start:].rpartition("_")[0])
+        return ~k
+
+    nodes, slots = [], []
+    for emitted_node in emitted:
+        if emitted_node.op_type == "Constant" and emitted_node.output[0] in new_constants:
+            continue  # the graph's shared constant: a later node reads the one already there
+        nodes.append(emitted_node)
+        slots.append((tuple(slot(n) for n in emitted_node.input), tuple(slot(n) for n in emitted_node.output),
+                      slot(emitted_node.name)))
+    return _Replay(tuple(nodes), tuple(slots), tuple(hints))
+
+
+def _replay(replay: _Replay, node: onnx.NodeProto, builder: NodeBuilder, out) -> int:
+    """Emit ``replay`` for ``node`` into ``out`` with fresh names from ``builder``; returns the node count."""
+    names = list(node.input) + list(node.output)
+    fresh = [builder.fresh(hint) for hint in replay.hints]
+
+    def name(s: str | int) -> str:
+        return s if type(s) is str else names[s] if s >= 0 else fresh[~s]
+
+    for template, (inputs, outputs, node_name) in zip(replay.nodes, replay.slots, strict=True):
+        new = out.add()
+        new.CopyFrom(template)
+        new.input[:] = [name(s) for s in inputs]
+        new.output[:] = [name(s) for s in outputs]
+        new.name = name(node_name)
+    return len(replay.nodes)
 
 
 def _checked_live(node: onnx.NodeProto, builder: NodeBuilder, wanted: frozenset[str],

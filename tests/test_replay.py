@@ -1,0 +1,195 @@
+"""Nodes with the same lowering key are emitted by copying the first one's lowering (lowering/passes.py).
+
+Every test checks the lowered model the hard way: onnx.checker (full_check), value and node names unique,
+and onnxruntime's results against the float64 reference evaluator of the original model, node by node,
+with each node reading its own data so that a copied lowering wired to the wrong value shows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from lowering.numerics import compare
+from lowering.passes import lower_model, lower_model_with_report
+from runtime.reference_eval import evaluate
+from runtime.session import run_model
+
+F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
+NP = {F32: np.float32, F16: np.float16}
+vi = helper.make_tensor_value_info
+
+
+def _bn(i: int, inputs: list[str], name: str | None = None, layout: str = "NCX") -> onnx.NodeProto:
+    return helper.make_node("BatchNormTrainingBackward", inputs, [f"dx_{i}", f"dg_{i}", f"db_{i}"],
+                            name=f"bn_{i}" if name is None else name, domain="onednn", epsilon=1e-3,
+                            data_format=layout)
+
+
+def _own_inputs(i: int, shape, elem=F32) -> tuple[list[str], list[onnx.ValueInfoProto]]:
+    c = shape[1]
+    names = [f"x_{i}", f"dy_{i}", f"m_{i}", f"v_{i}", f"g_{i}"]
+    return names, [vi(names[0], elem, shape), vi(names[1], elem, shape)] + [vi(n, F32, [c]) for n in names[2:]]
+
+
+def _outputs(i: int, shape, elem=F32, which=(0, 1, 2)) -> list[onnx.ValueInfoProto]:
+    c = shape[1]
+    all_three = [vi(f"dx_{i}", elem, shape), vi(f"dg_{i}", F32, [c]), vi(f"db_{i}", F32, [c])]
+    return [all_three[k] for k in which]
+
+
+def _model(nodes, inputs, outputs, functions=()) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "replay", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("onednn", 1)],
+                              functions=list(functions))
+    model.ir_version = 10
+    return model
+
+
+def _feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in model.graph.input:
+        t = value.type.tensor_type
+        shape = [d.dim_value for d in t.shape.dim]
+        if t.elem_type == TensorProto.BOOL:
+            feeds[value.name] = np.array(True)
+            continue
+        a = rng.standard_normal(shape)
+        if value.name.startswith("v_"):
+            a = np.abs(a) + 0.5
+        feeds[value.name] = a.astype(NP[t.elem_type])
+    return feeds
+
+
+def _check(model: onnx.ModelProto) -> onnx.ModelProto:
+    lowered = lower_model(model)
+    onnx.checker.check_model(lowered, full_check=True)
+    graphs = [lowered.graph] + [a.g for n in lowered.graph.node for a in n.attribute if a.g.name]
+    for graph in graphs:
+        values = [o for n in graph.node for o in n.output]
+        names = [n.name for n in graph.node]
+        assert len(values) == len(set(values)) and len(names) == len(set(names))
+    feeds = _feeds(model)
+    got = run_model(lowered, feeds)
+    want = evaluate(model, feeds)
+    types = {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
+    bad = [r.describe() for name in want
+           if not (r := compare(name, want[name], got[name], types[name], 2e-6)).ok]
+    assert not bad, "\n".join(bad)
+    return lowered
+
+
+def _ops(graph: onnx.GraphProto, prefix: str) -> list[tuple]:
+    return [(n.op_type, tuple(a.SerializeToString() for a in n.attribute)) for n in graph.node
+            if n.name.startswith(prefix + "/") and n.op_type != "Constant"]
+
+
+def test_copies_are_wired_to_their_own_values():
+    shape = [2, 3, 4, 5]
+    nodes, inputs, outputs = [], [], []
+    for i in range(4):
+        names, infos = _own_inputs(i, shape)
+        nodes.append(_bn(i, names))
+        inputs += infos
+        outputs += _outputs(i, shape)
+    model = _model(nodes, inputs, outputs)
+    lowered = _check(model)
+    first = _ops(lowered.graph, "bn_0")
+    assert len(first) > 10
+    for i in range(1, 4):
+        assert _ops(lowered.graph, f"bn_{i}") == first  # same nodes, same attributes: a copy, renamed
+
+
+def test_the_key_includes_types_layout_wanted_outputs_and_shared_arguments():
+    shape = [2, 3, 4, 5]
+    nodes, inputs, outputs = [], [], []
+    for i, (elem, which, share) in enumerate([(F32, (0, 1, 2), False), (F32, (0, 1, 2), False),
+                                              (F16, (0, 1, 2), False), (F32, (0,), False), (F32, (0,), False),
+                                              (F32, (1, 2), False), (F32, (0, 1, 2), True),
+                                              (F32, (0, 1, 2), True)]):
+        names, infos = _own_inputs(i, shape, elem)
+        if share:  # src and diff_dst are one value
+            names[1] = names[0]
+            infos.pop(1)
+        nodes.append(_bn(i, names))
+        inputs += infos
+        outputs += _outputs(i, shape, elem, which)
+    lowered = _check(_model(nodes, inputs, outputs))
+    counts = [len(_ops(lowered.graph, f"bn_{i}")) for i in range(len(nodes))]
+    assert counts[0] == counts[1] and counts[3] == counts[4] and counts[6] == counts[7]
+    assert counts[5] < counts[0] and counts[3] <= counts[0], counts  # fewer outputs wanted, fewer nodes
+    assert _ops(lowered.graph, "bn_2") != _ops(lowered.graph, "bn_0")  # f16 casts
+
+
+def test_nodes_that_share_a_name_or_have_none():
+    shape = [2, 3, 4, 5]
+    nodes, inputs, outputs = [], [], []
+    for i, name in enumerate(["same", "same", "", "", "same"]):
+        names, infos = _own_inputs(i, shape)
+        nodes.append(_bn(i, names, name=name))
+        inputs += infos
+        outputs += _outputs(i, shape)
+    _check(_model(nodes, inputs, outputs))
+
+
+def test_copies_avoid_names_the_model_already_uses():
+    """The model holds names the copies would be given (``bn_1/...``): the copies must pick others."""
+    shape = [2, 3, 4, 5]
+    plain = _model(*_two_nodes(shape))
+    generated = [o for n in lower_model(plain).graph.node for o in n.output if o.startswith("bn_1/")]
+    assert generated
+    nodes, inputs, outputs = _two_nodes(shape)
+    for k, taken in enumerate(generated):  # the model defines every one of them before the custom nodes
+        nodes.insert(0, helper.make_node("Identity", ["x_0"], [taken], name=f"bn_1/taken_{k}"))
+    outputs.append(vi(generated[-1], F32, shape))
+    lowered = _check(_model(nodes, inputs, outputs))
+    mine = [o for n in lowered.graph.node if n.name.startswith("bn_1/") and "taken" not in n.name
+            for o in n.output]
+    assert not set(mine) & set(generated)
+
+
+def _two_nodes(shape):
+    nodes, inputs, outputs = [], [], []
+    for i in range(2):
+        names, infos = _own_inputs(i, shape)
+        nodes.append(_bn(i, names))
+        inputs += infos
+        outputs += _outputs(i, shape)
+    return nodes, inputs, outputs
+
+
+def test_a_subgraph_gets_its_own_constants():
+    """The same node in the main graph and in both If branches: a branch cannot read the main graph's
+    lowering's constants unless they come before it, and the branch copy must not point at a main-graph
+    value of the first lowering."""
+    shape = [2, 3, 4, 5]
+    names, infos = _own_inputs(0, shape)
+    main_bn = _bn(0, names)
+    branch_nodes = [_bn(1, names), _bn(2, names)]
+    branch = helper.make_graph(branch_nodes, "branch", [], _outputs(1, shape, which=(0,)))
+    cond = helper.make_node("If", ["cond"], ["dx_1"], then_branch=branch, else_branch=branch, name="if")
+    # the If comes first: the main graph's node is lowered after the branches
+    model = _model([cond, main_bn, helper.make_node("Identity", ["dx_1"], ["out"])],
+                   infos + [vi("cond", TensorProto.BOOL, [])], _outputs(0, shape) + [vi("out", F32, shape)])
+    _check(model)
+
+
+def test_copies_inside_a_model_local_function():
+    shape = [2, 3, 4, 5]
+    names = ["x", "dy", "m", "v", "g"]
+    body = [helper.make_node("BatchNormTrainingBackward", names, [f"dx{i}", "", ""], name="inner",
+                             domain="onednn", epsilon=1e-3, data_format="NCX") for i in range(2)]
+    body.append(helper.make_node("Add", ["dx0", "dx1"], ["y"]))
+    function = helper.make_function("local", "twice", names, ["y"], body,
+                                    opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("onednn", 1)])
+    call_names, infos = _own_inputs(0, shape)
+    call = helper.make_node("twice", call_names, ["dx_0"], domain="local")
+    model = _model([call], infos, _outputs(0, shape, which=(0,)), functions=[function])
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    lowered, report = lower_model_with_report(model)
+    assert report.lowered == {"onednn::BatchNormTrainingBackward": 2}
+    _check(model)
+    inner = lowered.functions[0].node
+    assert len({o for n in inner for o in n.output}) == sum(len(n.output) for n in inner)

@@ -103,6 +103,7 @@ def check(shape, *, channel_axis, io_type=F32, stat_type=F32, keep_rank=False, r
         err = np.abs(value.astype(np.float64) - want[out]).max() / scale
         limit = tol if tol is not None else TOL[io_type if out == "diff_src" else stat_type]
         assert err <= limit, f"{out}: relative error {err:.3g} > {limit}"
+    return model, got, want
 
 
 SHAPES = {2: (16, 5), 3: (4, 6, 7), 4: (3, 5, 4, 6), 5: (2, 4, 3, 2, 5)}
@@ -191,3 +192,37 @@ def test_every_dx_formulation(monkeypatch, form, layout, io_type):
           io_type=io_type)
     check((4, 6, 5, 3) if layout == "NCX" else (4, 5, 3, 6), channel_axis=1 if layout == "NCX" else 3,
           io_type=io_type, offset=1e4, symbolic=True, tol=2e-5 if io_type == F32 else None)
+
+
+@pytest.mark.parametrize("io_type", [F16, BF16])
+@pytest.mark.parametrize("shape", [(2, 3, 196), (3, 4, 14, 14), (2, 3, 2, 10, 10)], ids=["rank3", "rank4", "rank5"])
+@pytest.mark.parametrize("offset", [0.0, 1e4])
+def test_depthwise_conv_form_for_low_precision_ncx(io_type, shape, offset):
+    """NCX f16/bf16 with >= CONV_MIN_SPATIAL elements per (sample, channel): b*xc + c is a depthwise Conv;
+    diff_src stays within one unit in the last place of the float64 result rounded (plus f32 noise)."""
+    from lowering.bn_emit import CONV_MIN_SPATIAL
+    from lowering.numerics import compare
+
+    assert int(np.prod(shape[2:])) >= CONV_MIN_SPATIAL
+    model, got, want = check(shape, channel_axis=1, io_type=io_type, offset=offset)
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    assert len(convs) == 1 and convs[0].attribute[0].i == shape[1]
+    assert not any(n.op_type == "BatchNormalization" for n in model.graph.node)
+    result = compare("diff_src", want["diff_src"], got["dx"], io_type)
+    assert result.ok, result.describe()
+
+
+@pytest.mark.parametrize("io_type,shape,channel_axis", [
+    (F32, (3, 4, 14, 14), 1),  # f32: the Add writes the graph output, where the fusion would copy first
+    (BF16, (3, 4, 7, 7), 1),  # 49 < CONV_MIN_SPATIAL: BatchNormalization measured faster
+    (BF16, (3, 14, 14, 4), 3),  # NXC
+    (BF16, (2, 3, 2, 2, 2, 5, 5), 1),  # rank 7: Conv has at most 3 spatial axes in onnxruntime
+])
+def test_depthwise_conv_form_only_where_it_wins(io_type, shape, channel_axis):
+    model, _, _ = check(shape, channel_axis=channel_axis, io_type=io_type)
+    assert not any(n.op_type == "Conv" for n in model.graph.node)
+
+
+def test_depthwise_conv_form_needs_static_dims():
+    model, _, _ = check((3, 4, 14, 14), channel_axis=1, io_type=BF16, symbolic=True)
+    assert not any(n.op_type == "Conv" for n in model.graph.node)

@@ -3,7 +3,8 @@
 Every benchmark model goes through the real pass (``lowering.lower_model`` on a oneDNN Graph
 ``BatchNormTrainingBackward`` node). Timing follows DESIGN.md section 7: outputs preallocated on both sides
 (IOBinding into caller-owned buffers; glibc told to keep freed memory so torch's fresh outputs do not
-page-fault), rounds interleaved with short pauses, medians quoted. torch is used only when importable.
+page-fault), single runs of each side interleaved back to back, medians quoted. torch is used only when
+importable.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ BATCH = 32
 DTYPES = {"f32": TensorProto.FLOAT, "bf16": TensorProto.BFLOAT16, "f16": TensorProto.FLOAT16}
 NP_DTYPES = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16}
 TENSOR_PASSES = 5  # a fused kernel reads src and diff_dst twice and writes diff_src once
-PAUSE = 0.02  # seconds between timed runs: onnxruntime's workers spin briefly after a run
+WARMUP = 5  # untimed rounds first: pages, arenas, thread pools, glibc's heap grown to its working size
 
 
 @dataclass
@@ -76,11 +77,15 @@ def lowered_model(shape, layout, io_type, stat_type=TensorProto.FLOAT, nodes=1) 
 
 
 def keep_freed_memory() -> None:
-    """Stop glibc from unmapping big freed blocks, so a fresh output reuses warm pages (no page faults)."""
+    """Stop glibc from unmapping big freed blocks, so a fresh output reuses warm pages (no page faults).
+
+    Without M_TOP_PAD, torch's f32 backward page-faulted a whole fresh output (6,240 faults at 32x64x56x56)
+    on every second call and measured 2-4x slower than it runs (counted with getrusage's ru_minflt)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-4, 0)  # M_MMAP_MAX: serve big blocks from the heap
         libc.mallopt(-1, 1 << 40)  # M_TRIM_THRESHOLD: never give the heap back
+        libc.mallopt(-2, 1 << 30)  # M_TOP_PAD: grow the heap in big steps, so freed tops are reused warm
     except (OSError, AttributeError):
         pass
 
@@ -169,12 +174,13 @@ def time_case(layout: str, dtype: str, channels: int, size: int, batch: int, rep
     if torch is not None:
         runners["torch"] = _torch_runner(torch, x, dy, layout, dtype)
     times: dict[str, list[float]] = {k: [] for k in runners}
-    for _ in range(3):  # warm-up: pages, arenas, thread pools
+    for _ in range(WARMUP):
         for fn in runners.values():
             fn()
-    for _ in range(reps):  # interleaved rounds with pauses
+    # Interleaved single runs, back to back. No sleeps: after a pause of 20 ms, this VM ran the next call of
+    # either side up to 10x slower (idle cores parked), which squeezed every ratio towards 1 on small layers.
+    for _ in range(reps):
         for key, fn in runners.items():
-            time.sleep(PAUSE)
             t0 = time.perf_counter()
             fn()
             times[key].append(time.perf_counter() - t0)

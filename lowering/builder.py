@@ -59,6 +59,15 @@ class NodeBuilder:
                 self.used_names.add(name)
                 return name
 
+    def fresh_names(self, hints: Sequence[str]) -> list[str]:
+        """``[self.fresh(h) for h in hints]`` (hints already free of slashes), one list at once where the
+        prefix is free."""
+        if not self.prefix_free:
+            return [self.fresh(h) for h in hints]
+        first, prefix = self._counter + 1, self.prefix
+        self._counter += len(hints)
+        return [f"{prefix}/{hint}_{i}" for i, hint in enumerate(hints, first)]
+
     def op(self, op_type: str, inputs: Sequence[str], outputs: Sequence[str] | int = 1,
            hint: str | None = None, **attrs: Any) -> list[str]:
         """Append one default-domain node; returns its output names (fresh ones when given a count)."""

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import operator
 from collections import ChainMap, Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -140,14 +141,16 @@ class _Replay:
     lowering key (op, attributes, argument types and sharing, wanted outputs): the rule's output depends on
     nothing else, so the nodes are copied and only the value and node names change.
 
-    Each name slot is a ``str`` kept as it is (a shared constant of the graph, or ""), an ``int >= 0``
-    (position in the custom node's inputs + outputs) or ``~k`` (the k-th fresh name, made from ``hints[k]``).
-    The graph's shared Constant nodes are not part of ``nodes``: they exist already.
+    ``nodes`` holds the emitted nodes without their inputs, outputs and name; ``wiring`` has, per node, the
+    indices of its inputs, outputs and name in a table made per copy: the custom node's inputs + outputs,
+    then one fresh name per ``hints`` entry, then ``kept`` (the graph's shared constants, ""). The graph's
+    shared Constant nodes are not among ``nodes``: they exist already.
     """
 
     nodes: tuple[onnx.NodeProto, ...]
-    slots: tuple[tuple[tuple[str | int, ...], tuple[str | int, ...], str | int], ...]  # inputs, outputs, name
+    wiring: tuple[tuple[Callable[[list[str]], tuple], Callable[[list[str]], tuple], int], ...]
     hints: tuple[str, ...]
+    kept: tuple[str, ...]
 
 
 @dataclass
@@ -268,7 +271,7 @@ class _Lowering:
 
     # -- one node --------------------------------------------------------------------------------
     def _lower_node(self, node: onnx.NodeProto, scope: _Scope) -> None:
-        inference, key = self._infer(node, self._value_types(node, scope))
+        inference, verified_names, key = self._infer(node, self._value_types(node, scope))
         wanted = frozenset(name for name in node.output if name in scope.reads)
         replay_key = (key, tuple(name in wanted for name in node.output))
         out = scope.graph.node
@@ -287,6 +290,8 @@ class _Lowering:
             emitted = _replay(replay, node, builder, out)
         else:
             start = len(out)
+            if verified_names is not None:
+                inference = _renamed(inference, verified_names, node)
             rule_for(inference.binding.rule)(builder, LoweringRequest(inference, wanted, self.options))
             live, produced = _checked_live(node, builder, wanted, scope.constant_names)
             dead = [i for i in range(len(builder.nodes)) if i not in live]
@@ -309,11 +314,13 @@ class _Lowering:
         self._note_output_types(node, inference.output_types, wanted, scope)
         self.report.lowered[f"{node.domain}::{node.op_type}"] += 1
 
-    def _infer(self, node: onnx.NodeProto, types: Types) -> tuple[NodeInference, tuple]:
+    def _infer(self, node: onnx.NodeProto, types: Types) -> tuple[NodeInference, tuple[str, ...] | None, tuple]:
         """:func:`infer_node`, once per distinct node signature: verification depends on the op, the
         attributes, which arguments are given (and which share a value) and their types, never on the value
-        names, which are renamed into an earlier node's result. (Only successes are kept: an error names
-        its own node.) Returns the inference and the signature."""
+        names. (Only successes are kept: an error names its own node.)
+
+        Returns the inference, the names it was made with (None: this node's own; else :func:`_renamed`
+        turns it into this node's) and the signature."""
         inputs, outputs = tuple(node.input), tuple(node.output)
         first: dict[str, int] = {}
         sharing = tuple(first.setdefault(name, len(first)) if name else -1 for name in inputs + outputs)
@@ -323,13 +330,8 @@ class _Lowering:
         if known is None:
             inference = infer_node(node, types, registry=self.registry)
             self._inferences[key] = (inference, inputs + outputs)
-            return inference, key
-        inference, names = known
-        rename = dict(zip(names, inputs + outputs, strict=True))
-        return dataclasses.replace(
-            inference, node_name=node.name, inputs=tuple(rename.get(n, n) for n in inference.inputs),
-            outputs=tuple(rename.get(n, n) for n in inference.outputs),
-            roles={role: rename.get(n, n) for role, n in inference.roles.items()}), key
+            return inference, None, key
+        return known[0], known[1], key
 
     def _value_types(self, node: onnx.NodeProto, scope: _Scope) -> Types:
         types = scope.types
@@ -361,52 +363,72 @@ class _Lowering:
             local[name] = t
 
 
+def _renamed(inference: NodeInference, names: tuple[str, ...], node: onnx.NodeProto) -> NodeInference:
+    """An inference made for another node with the same signature (its value ``names``), for ``node``."""
+    rename = dict(zip(names, (*node.input, *node.output), strict=True))
+    return dataclasses.replace(
+        inference, node_name=node.name, inputs=tuple(rename.get(n, n) for n in inference.inputs),
+        outputs=tuple(rename.get(n, n) for n in inference.outputs),
+        roles={role: rename.get(n, n) for role, n in inference.roles.items()})
+
+
 def _recorded(node: onnx.NodeProto, prefix: str, emitted, new_constants: set[str], shared: set[str]) -> _Replay:
     """The :class:`_Replay` of what a rule emitted for ``node`` (``emitted``: its live nodes; ``shared``: the
     graph's shared constants, ``new_constants`` those of them it emitted)."""
+    io = list(node.input) + list(node.output)
     positions: dict[str, int] = {}
-    for i, name in enumerate(list(node.input) + list(node.output)):
+    for i, name in enumerate(io):
         if name:
             positions.setdefault(name, i)
     fresh: dict[str, int] = {}
-    hints: list[str] = []
+    kept: dict[str, int] = {}
     start = len(prefix) + 1
+    live = [n for n in emitted if not (n.op_type == "Constant" and n.output[0] in new_constants)]
+    for n in live:  # number the fresh names first: their slots follow the custom node's arguments
+        for name in [*n.input, *n.output, n.name]:
+            if name not in positions and name not in shared and name.startswith(prefix + "/"):
+                fresh.setdefault(name, len(io) + len(fresh))
+    hints = tuple(name[start:].rpartition("_")[0] for name in fresh)
 
-    def slot(name: str) -> str | int:
-        if name in positions:
-            return positions[name]
-        k = fresh.get(name)
-        if k is None:
-            if name in shared or not name.startswith(prefix + "/"):  # a shared constant of the graph, or ""
-                return name
-            k = fresh[name] = len(hints)
-            hints.append(name[start:].rpartition("_")[0])
-        return ~k
+    def slot(name: str) -> int:
+        found = positions.get(name)
+        if found is None:
+            found = fresh.get(name)
+        if found is None:  # a shared constant of the graph, or ""
+            found = kept.setdefault(name, len(io) + len(fresh) + len(kept))
+        return found
 
-    nodes, slots = [], []
-    for emitted_node in emitted:
-        if emitted_node.op_type == "Constant" and emitted_node.output[0] in new_constants:
-            continue  # the graph's shared constant: a later node reads the one already there
-        nodes.append(emitted_node)
-        slots.append((tuple(slot(n) for n in emitted_node.input), tuple(slot(n) for n in emitted_node.output),
-                      slot(emitted_node.name)))
-    return _Replay(tuple(nodes), tuple(slots), tuple(hints))
+    nodes, wiring = [], []
+    for n in live:
+        bare = onnx.NodeProto()
+        bare.CopyFrom(n)
+        del bare.input[:], bare.output[:]
+        bare.ClearField("name")
+        nodes.append(bare)
+        wiring.append((_getter([slot(name) for name in n.input]), _getter([slot(name) for name in n.output]),
+                       slot(n.name)))
+    return _Replay(tuple(nodes), tuple(wiring), hints, tuple(kept))
+
+
+def _getter(indices: list[int]) -> Callable[[list[str]], tuple]:
+    """``lambda table: tuple(table[i] for i in indices)``, at C speed."""
+    if not indices:
+        return lambda table: ()
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda table: (table[i],)
+    return operator.itemgetter(*indices)
 
 
 def _replay(replay: _Replay, node: onnx.NodeProto, builder: NodeBuilder, out) -> int:
     """Emit ``replay`` for ``node`` into ``out`` with fresh names from ``builder``; returns the node count."""
-    names = list(node.input) + list(node.output)
-    fresh = [builder.fresh(hint) for hint in replay.hints]
-
-    def name(s: str | int) -> str:
-        return s if type(s) is str else names[s] if s >= 0 else fresh[~s]
-
-    for template, (inputs, outputs, node_name) in zip(replay.nodes, replay.slots, strict=True):
+    table = [*node.input, *node.output, *builder.fresh_names(replay.hints), *replay.kept]
+    for template, (inputs, outputs, name) in zip(replay.nodes, replay.wiring, strict=True):
         new = out.add()
         new.CopyFrom(template)
-        new.input[:] = [name(s) for s in inputs]
-        new.output[:] = [name(s) for s in outputs]
-        new.name = name(node_name)
+        new.input.extend(inputs(table))
+        new.output.extend(outputs(table))
+        new.name = table[name]
     return len(replay.nodes)
 
 

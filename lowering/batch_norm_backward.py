@@ -73,6 +73,7 @@ def plan_batch_norm_backward(request: LoweringRequest) -> BatchNormBackwardPlan:
         stat_type=_elem_type(node, "mean", stat_type),
         src_shape=src_type.shape if src_type is not None else None,
         channel_last=channel_last,
+        diff_src_internal=request.output("diff_src") not in request.graph_outputs,
     )
 
 

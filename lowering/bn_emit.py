@@ -39,6 +39,7 @@ class BatchNormBackwardPlan:
     stat_type: int  # elem type of mean, stat, gamma, diff_gamma, diff_beta (T2)
     src_shape: tuple | None = None  # static dims (int | str | None) for choosing formulations
     channel_last: bool = False  # layout hint when the rank is unknown (NXC)
+    diff_src_internal: bool = False  # diff_src is no graph output: only nodes of the graph read it
 
 
 class _Emitter(Emitter):
@@ -201,9 +202,10 @@ class _Fast:
     "affine": BatchNormalization (mean 0, variance 1, epsilon 0) as the per-channel affine b*xc + c 2,
     Mul a*dy 2, Add 3 -> 14 in all (the literal formula of DESIGN.md section 4 makes 16);
     "muladd": Mul 2, Mul 2, Add 3, Add 2 -> 16. Frozen statistics: one Mul (2).
-    f16/bf16 add a Cast per input and one for diff_src (1.5 each in f32 units): 18.5. For NCX f16/bf16 with
-    >= CONV_MIN_SPATIAL elements per (sample, channel), b*xc + c is a depthwise 1x1 Conv with bias that
-    onnxruntime fuses with the Add into one FusedConv (BatchNormalization is single-threaded there).
+    f16/bf16 add a Cast per input and one for diff_src (1.5 each in f32 units): 18.5. For NCX with
+    >= CONV_MIN_SPATIAL elements per (sample, channel) where the sum is no graph output (f16/bf16, or diff_src
+    read by other nodes), b*xc + c is a depthwise 1x1 Conv with bias that onnxruntime fuses with the Add
+    into one FusedConv working in place (3 instead of 5; BatchNormalization is single-threaded there).
     Measured (2 cores, see ``oplower bench``) "affine" beat "muladd" in both layouts; DX_FORM keeps the choice.
     """
 
@@ -332,7 +334,8 @@ class _Fast:
         if self.conv_channels() is not None:
             # b*xc + c as a 1x1 depthwise Conv with bias; onnxruntime fuses it with the Add that follows into
             # one FusedConv writing into ady's buffer (BatchNormalization runs on one thread). Only where the
-            # Add's result is an intermediate (the Cast reads it): into a graph output the fusion copies first.
+            # Add's result is no graph output (f16/bf16: the Cast reads it): into a caller-owned buffer the
+            # fusion copies ady first and gains nothing.
             w = b.op1("Reshape", [coef_b, e.ints([-1] + [1] * (p.rank - 1))])
             v = b.op1("Conv", [xc, w, coef_c], group=self.conv_channels())
             self.final(restore, low, "Add", [(ady, True), (v, True)])
@@ -347,10 +350,12 @@ class _Fast:
 
     def conv_channels(self) -> int | None:
         """C when b*xc + c is best done as a depthwise Conv (see emit): NCX of static rank 3 to 5 (Conv's 1 to
-        3 spatial axes), static C, f16/bf16 (diff_src goes through a Cast), at least CONV_MIN_SPATIAL elements
-        per channel and sample; else None."""
+        3 spatial axes), static C, the Add's result no graph output (f16/bf16, where a Cast reads it, or
+        ``diff_src_internal``), at least CONV_MIN_SPATIAL elements per channel and sample; else None."""
         p = self.p
-        if self.layout != "NCX" or p.io_type == self.e.ct or p.rank is None or not 3 <= p.rank <= 5:
+        if self.layout != "NCX" or p.rank is None or not 3 <= p.rank <= 5:
+            return None
+        if p.io_type == self.e.ct and not p.diff_src_internal:
             return None
         channels = self.static_dim(1)
         spatial = [self.static_dim(a) for a in range(2, p.rank)]
@@ -396,8 +401,9 @@ class _Fast:
 
 # diff_src formulation per layout, chosen by measurement (see _Fast)
 DX_FORM = {"NCX": "affine", "NXC": "affine"}
-# NCX f16/bf16 with at least this many elements per (sample, channel) use the depthwise Conv for b*xc + c:
-# 9-20% faster at 56x56 and 14x14 (2 cores, onnxruntime 1.32), slower at 7x7
+# NCX with at least this many elements per (sample, channel) use the depthwise Conv for b*xc + c where the
+# sum is no graph output: f16/bf16 10-23% faster at 112x112 to 14x14, f32 feeding another node 18-31% faster
+# (2 cores, onnxruntime 1.32); slower at 7x7
 CONV_MIN_SPATIAL = 196
 
 

@@ -133,6 +133,11 @@ class _Scope:
     # lowering key -> what its rule emitted here: a _Replay, or where the first such node's nodes are in
     # ``graph.node`` until a second node with the key makes it worth a _Replay
     replays: dict[tuple, _Replay | tuple] = field(default_factory=dict)
+    outputs: frozenset[str] = field(init=False)  # the graph's (function's) output names
+
+    def __post_init__(self) -> None:
+        outputs = self.graph.output
+        self.outputs = frozenset(o if isinstance(o, str) else o.name for o in outputs)
 
 
 @dataclass(frozen=True)
@@ -273,7 +278,9 @@ class _Lowering:
     def _lower_node(self, node: onnx.NodeProto, scope: _Scope) -> None:
         inference, verified_names, key = self._infer(node, self._value_types(node, scope))
         wanted = frozenset(name for name in node.output if name in scope.reads)
-        replay_key = (key, tuple(name in wanted for name in node.output))
+        graph_outputs = frozenset(name for name in node.output if name in scope.outputs)
+        replay_key = (key, tuple(name in wanted for name in node.output), tuple(map(graph_outputs.__contains__,
+                                                                                 node.output)))
         out = scope.graph.node
         prefix = node.name or node.op_type
         # a prefix no model name starts with ("<prefix>/...") is numbered on across nodes, never looked up
@@ -292,7 +299,8 @@ class _Lowering:
             start = len(out)
             if verified_names is not None:
                 inference = _renamed(inference, verified_names, node)
-            rule_for(inference.binding.rule)(builder, LoweringRequest(inference, wanted, self.options))
+            rule_for(inference.binding.rule)(builder, LoweringRequest(inference, wanted, self.options,
+                                                                      graph_outputs))
             live, produced = _checked_live(node, builder, wanted, scope.constant_names)
             dead = [i for i in range(len(builder.nodes)) if i not in live]
             for i in reversed(dead):

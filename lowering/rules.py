@@ -40,6 +40,9 @@ class LoweringRequest:
     inference: NodeInference
     wanted: frozenset[str]  # output value names that a node, subgraph or graph output consumes
     options: LoweringOptions = field(default_factory=LoweringOptions)
+    # the node's output names that are outputs of the graph (or function) being lowered: a caller-owned
+    # buffer in onnxruntime, which an op cannot work in place on (see lowering/bn_emit.py's Conv form)
+    graph_outputs: frozenset[str] = frozenset()
 
     def input(self, role: str) -> str | None:
         """The value name bound to an input role, or None when the node omits it."""

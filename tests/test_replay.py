@@ -193,3 +193,19 @@ def test_copies_inside_a_model_local_function():
     _check(model)
     inner = lowered.functions[0].node
     assert len({o for n in inner for o in n.output}) == sum(len(n.output) for n in inner)
+
+
+def test_the_key_includes_which_outputs_are_graph_outputs():
+    """Two identical nodes, one's diff_src a graph output, the other's read by a node: f32 NCX lowers the
+    second with the in-place Conv form (lowering/bn_emit.py), the first without, and each is exact."""
+    shape = [2, 3, 14, 14]
+    nodes, inputs, outputs = [], [], []
+    for i in range(2):
+        names, infos = _own_inputs(i, shape)
+        nodes.append(_bn(i, names))
+        inputs += infos
+    nodes.append(helper.make_node("Relu", ["dx_1"], ["relu"]))
+    outputs = _outputs(0, shape) + _outputs(1, shape, which=(1, 2)) + [vi("relu", F32, shape)]
+    lowered = _check(_model(nodes, inputs, outputs))
+    convs = [n.name.split("/")[0] for n in lowered.graph.node if n.op_type == "Conv"]
+    assert convs == ["bn_1"]

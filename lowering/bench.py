@@ -3,8 +3,8 @@
 Every benchmark model goes through the real pass (``lowering.lower_model`` on a oneDNN Graph
 ``BatchNormTrainingBackward`` node). Timing follows DESIGN.md section 7: outputs preallocated on both sides
 (IOBinding into caller-owned buffers; glibc told to keep freed memory so torch's fresh outputs do not
-page-fault), single runs of each side interleaved back to back, medians quoted. torch is used only when
-importable.
+page-fault), single runs of each side interleaved with short busy pauses, medians quoted. torch is used
+only when importable.
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ DTYPES = {"f32": TensorProto.FLOAT, "bf16": TensorProto.BFLOAT16, "f16": TensorP
 NP_DTYPES = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16}
 TENSOR_PASSES = 5  # a fused kernel reads src and diff_dst twice and writes diff_src once
 WARMUP = 5  # untimed rounds first: pages, arenas, thread pools, glibc's heap grown to its working size
+# Between timed runs: a short pause for threads that spin after a run (torch's OpenMP workers) to park,
+# spent busy on this thread. A sleep of 20 ms instead let this VM park its idle cores and made the next call
+# of either side up to 10x slower on the small layers, which squeezed every ratio towards 1.
+PAUSE = 0.002
 
 
 @dataclass
@@ -115,6 +119,12 @@ def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 5) -> float:
     return best
 
 
+def _busy_wait(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def _torch():
     try:
         return importlib.import_module("torch")
@@ -177,10 +187,9 @@ def time_case(layout: str, dtype: str, channels: int, size: int, batch: int, rep
     for _ in range(WARMUP):
         for fn in runners.values():
             fn()
-    # Interleaved single runs, back to back. No sleeps: after a pause of 20 ms, this VM ran the next call of
-    # either side up to 10x slower (idle cores parked), which squeezed every ratio towards 1 on small layers.
-    for _ in range(reps):
+    for _ in range(reps):  # interleaved single runs with short busy pauses
         for key, fn in runners.items():
+            _busy_wait(PAUSE)
             t0 = time.perf_counter()
             fn()
             times[key].append(time.perf_counter() - t0)

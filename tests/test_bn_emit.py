@@ -208,8 +208,8 @@ def test_depthwise_conv_form(io_type, internal, shape, offset):
     assert int(np.prod(shape[2:])) >= CONV_MIN_SPATIAL
     model, got, want = check(shape, channel_axis=1, io_type=io_type, offset=offset, internal=internal,
                              tol=2e-6 if io_type == F32 else None)
-    convs = [n for n in model.graph.node if n.op_type == "Conv"]
-    assert len(convs) == 1 and convs[0].attribute[0].i == shape[1]
+    convs = [n for n in model.graph.node if n.op_type == "Conv" and n.attribute[0].i == shape[1]]
+    assert len(convs) == 1
     assert not any(n.op_type == "BatchNormalization" for n in model.graph.node)
     result = compare("diff_src", want["diff_src"], got["dx"], io_type)
     assert result.ok, result.describe()
@@ -223,11 +223,38 @@ def test_depthwise_conv_form(io_type, internal, shape, offset):
 ])
 def test_depthwise_conv_form_only_where_it_wins(io_type, shape, channel_axis):
     model, _, _ = check(shape, channel_axis=channel_axis, io_type=io_type)
-    assert not any(n.op_type == "Conv" for n in model.graph.node)
+    assert not any(n.op_type == "Conv" and n.attribute[0].i == shape[channel_axis] for n in model.graph.node)
 
 
 def test_depthwise_conv_form_needs_static_dims():
     model, _, _ = check((3, 4, 14, 14), channel_axis=1, io_type=BF16, symbolic=True)
+    assert not any(n.op_type == "Conv" for n in model.graph.node)
+
+
+@pytest.mark.parametrize("io_type", [F32, BF16])
+@pytest.mark.parametrize("shape,pieces", [((2, 3, 196), 1), ((3, 4, 14, 14), 1), ((2, 3, 2, 10, 10), 1),
+                                          ((2, 3, 48, 48), 2), ((2, 2, 8, 100, 25), 10)])
+@pytest.mark.parametrize("offset", [0.0, 1e4])
+def test_sum_of_products_as_a_conv(io_type, shape, pieces, offset):
+    """NCX, static dims, >= 196 elements per (sample, channel): sum(dy*xc) is a Conv whose kernels are xc's
+    rows (one group per row of at most DOT_ROW_MAX elements), exact like the Mul + ReduceSum it replaces."""
+    from lowering.numerics import compare
+
+    model, got, want = check(shape, channel_axis=1, io_type=io_type, offset=offset,
+                             tol=2e-6 if io_type == F32 else None)
+    rows = shape[0] * shape[1] * pieces
+    dots = [n for n in model.graph.node if n.op_type == "Conv" and n.attribute[0].i == rows]
+    assert len(dots) == 1
+    for role, name, elem in (("diff_gamma", "dg", F32), ("diff_src", "dx", io_type)):
+        result = compare(role, want[role], got[name], elem)
+        assert result.ok, result.describe()
+
+
+@pytest.mark.parametrize("shape,channel_axis,symbolic", [((3, 4, 7, 7), 1, False), ((3, 14, 14, 4), 3, False),
+                                                         ((3, 4, 14, 14), 1, True)],
+                         ids=["49-per-sample", "NXC", "symbolic"])
+def test_sum_of_products_as_a_conv_only_where_it_pays(shape, channel_axis, symbolic):
+    model, _, _ = check(shape, channel_axis=channel_axis, symbolic=symbolic)
     assert not any(n.op_type == "Conv" for n in model.graph.node)
 
 

@@ -274,6 +274,11 @@ class _Fast:
             rank = self.p.rank or 3
             if not self.staged_sums():
                 return e.reduce_sum(t, (0,) + tuple(range(2, rank)), keepdims=0, output=output)
+            last = self.static_dim(rank - 1) if self.p.rank is not None else None
+            pieces = _pieces(last) if last is not None and last > DOT_ROW_MAX else None
+            if pieces:  # a long last axis in rows of at most DOT_ROW_MAX: [..., L] -> [..., pieces, L / pieces]
+                t = b.op1("Reshape", [t, e.ints([0] * (rank - 1) + [pieces, last // pieces])])
+                rank += 1
             per_row = e.reduce_sum(t, (rank - 1,), keepdims=0)
             return e.reduce_sum(per_row, (0,) + tuple(range(2, rank - 1)), keepdims=0, output=output)
         if rows[0][1] is None:  # one MatMul over [M, C]
@@ -293,7 +298,7 @@ class _Fast:
         x = int(np.prod(shape[2:], dtype=np.int64))
         if x < CONV_MIN_SPATIAL:
             return None
-        return next((k for k in range(1, 65) if x % k == 0 and x // k <= DOT_ROW_MAX), None)
+        return _pieces(x)
 
     def conv_dot(self, dy: str, xc: str, pieces: int) -> str:
         """sum(dy*xc) per channel without writing the product: each (sample, channel) cut into ``pieces``
@@ -318,9 +323,10 @@ class _Fast:
 
     def ones_row(self) -> list[tuple[str, str | None]] | None:
         """For the NXC sums, per MatMul stage: a [1, k] ones row and the [rows, k, C] shape to view the
-        tensor (or what the previous stage left) as. Static dims [N, D1 .. Dk, C]: the last spatial axis Dk,
-        then D1 .. Dk-1 together. Dynamic dims: [N, D1 * .. * Dk, C] in one stage. Rank 2, or fewer than
-        STAGED_SUMS_FROM rows: [1, M] over the [M, C] tensor or view itself (shape None)."""
+        tensor (or what the previous stage left) as. Static dims but for N, [N, D1 .. Dk, C]: the last
+        spatial axis Dk, then D1 .. Dk-1 together. Other dynamic dims: [N, D1 * .. * Dk, C] in one stage.
+        Rank 2, or fewer than STAGED_SUMS_FROM rows: [1, M] over the [M, C] tensor or view itself (shape
+        None)."""
         if self.layout != "NXC":
             return None
         b, e, p = self.b, self.e, self.p
@@ -336,13 +342,13 @@ class _Fast:
             m = self.static_count()
             return [(ones(m) if m is not None else ones_like(
                 b.op1("Slice", [b.op1("Shape", [p.src]), e.ints([0]), e.ints([1])])), None)]
-        dims = [self.static_dim(a) for a in range(p.rank)] if p.rank is not None else [None]
-        if None not in dims:
-            n, spatial, c = dims[0], dims[1:-1], dims[-1]
+        dims = [self.static_dim(a) for a in range(1, p.rank)] if p.rank is not None else [None]
+        if None not in dims:  # static but for the batch (-1 below)
+            spatial, c = dims[:-1], dims[-1]
             inner = int(np.prod(spatial[:-1], dtype=np.int64))
-            stages = [(ones(spatial[-1]), e.ints([n * inner, spatial[-1], c]))]
+            stages = [(ones(spatial[-1]), e.ints([-1, spatial[-1], c]))]
             if inner > 1:
-                stages.append((ones(inner), e.ints([n, inner, c])))
+                stages.append((ones(inner), e.ints([-1, inner, c])))
             return stages
         # unknown dims (or rank: src may have rank 2, then each of its M rows is a "sample" of one row)
         src_shape = b.op1("Shape", [p.src])
@@ -489,6 +495,11 @@ DX_FORM = {"NCX": "affine", "NXC": "affine"}
 # sum is no graph output: f16/bf16 10-23% faster at 112x112 to 14x14, f32 feeding another node 18-31% faster
 # (2 cores, onnxruntime 1.32); slower at 7x7
 CONV_MIN_SPATIAL = 196
+
+
+def _pieces(length: int) -> int | None:
+    """The fewest equal rows (at most 64) of at most DOT_ROW_MAX elements ``length`` splits into."""
+    return next((k for k in range(1, 65) if length % k == 0 and length // k <= DOT_ROW_MAX), None)
 
 
 def emit_batch_norm_backward(b: NodeBuilder, plan: BatchNormBackwardPlan) -> None:

@@ -293,3 +293,10 @@ def test_long_sums_stay_within_f32_tolerance(layout, shape, symbolic):
     for role, name in zip(OUTPUTS, ("dx", "dg", "db"), strict=True):
         result = compare(role, want[role], got[name], F32)
         assert result.ok, result.describe()
+
+
+@pytest.mark.parametrize("internal", [False, True])
+def test_f64_never_uses_conv(internal):
+    """onnxruntime has no double Conv kernel: f64 keeps Mul + ReduceSum and BatchNormalization."""
+    model, _, _ = check((2, 3, 48, 48), channel_axis=1, io_type=F64, stat_type=F64, internal=internal)
+    assert not any(n.op_type == "Conv" for n in model.graph.node)

@@ -290,8 +290,8 @@ class _Fast:
     def dot_pieces(self) -> int | None:
         """For sum(dy*xc) as a Conv (see conv_dot): into how many rows of at most DOT_ROW_MAX elements each
         sample's channel is cut; None where it does not pay (or cannot be written): not NCX with every dim
-        static, not computed in f32, fewer than CONV_MIN_SPATIAL elements per (sample, channel), no divisor giving rows of
-        DOT_ROW_MAX or less within 64 pieces."""
+        static, not computed in f32, fewer than CONV_MIN_SPATIAL elements per (sample, channel), no divisor
+        giving rows of DOT_ROW_MAX or less within 64 pieces."""
         shape = self.static_shape()
         if self.layout != "NCX" or shape is None or len(shape) < 3 or self.e.ct != TensorProto.FLOAT:
             return None  # (onnxruntime has no double Conv)
@@ -434,8 +434,9 @@ class _Fast:
 
     def conv_channels(self) -> int | None:
         """C when b*xc + c is best done as a depthwise Conv (see emit): NCX of static rank 3 to 5 (Conv's 1 to
-        3 spatial axes), computed in f32, static C, the Add's result no graph output (f16/bf16, where a Cast reads it, or
-        ``diff_src_internal``), at least CONV_MIN_SPATIAL elements per channel and sample; else None."""
+        3 spatial axes), computed in f32, static C, the Add's result no graph output (f16/bf16, where a Cast
+        reads it, or ``diff_src_internal``), at least CONV_MIN_SPATIAL elements per channel and sample; else
+        None."""
         p = self.p
         if self.layout != "NCX" or p.rank is None or not 3 <= p.rank <= 5 or self.e.ct != TensorProto.FLOAT:
             return None  # (onnxruntime has no double Conv)

@@ -300,3 +300,16 @@ def test_f64_never_uses_conv(internal):
     """onnxruntime has no double Conv kernel: f64 keeps Mul + ReduceSum and BatchNormalization."""
     model, _, _ = check((2, 3, 48, 48), channel_axis=1, io_type=F64, stat_type=F64, internal=internal)
     assert not any(n.op_type == "Conv" for n in model.graph.node)
+
+
+@pytest.mark.parametrize("opset", [12, 13, 18])
+@pytest.mark.parametrize("layout", ["NCX", "NXC"])
+def test_staged_sums_and_convs_at_every_opset(opset, layout):
+    """32,768 elements per channel (staged sums) and 16,384 per sample (Conv forms): ReduceSum's axes as an
+    attribute (opset 12) and as an input (13+)."""
+    shape = (2, 3, 128, 128) if layout == "NCX" else (2, 128, 128, 3)
+    model, _, _ = check(shape, channel_axis=1 if layout == "NCX" else 3, opset=opset, tol=2e-6)
+    ops = {n.op_type for n in model.graph.node}
+    assert ("Conv" in ops) == (layout == "NCX") and ("MatMul" in ops) == (layout == "NXC")
+    if opset >= 13:  # bf16 Cast and Reshape came with opset 13
+        check(shape, channel_axis=1 if layout == "NCX" else 3, opset=opset, io_type=BF16)

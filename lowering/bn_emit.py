@@ -261,31 +261,40 @@ class _Fast:
 
     def channel_sum(self, t: str, rows: list[tuple[str, str | None]] | None, output: str | None) -> str:
         """Per-channel sum of a viewed tensor as a [C] vector, in stages along the axes, never one long
-        running sum.
+        running sum (where the count per channel reaches STAGED_SUMS_FROM).
 
-        NCX: ReduceSum over the last axis, then over the other non-channel axes. NXC: MatMuls with ones rows
-        (``rows``: one per stage, each over a [rows, k, C] view: the last spatial axis, then the other
-        spatial axes; a ReduceSum that keeps the last axis is slow), then ReduceSum over N. Measured on
-        products like dy*xc at 32x112x112x64 against float64: one stage (one ReduceSum over axes 0, 2, 3 / one
-        MatMul over all N*H*W rows) left 9e-7 / 8e-6 of the result's scale, the stages 2e-7, and ran faster.
+        NCX: ReduceSum over each of the rows :func:`_cut` makes of the spatial axes, last first, then over
+        N. NXC: MatMuls with ones rows (``rows``, from :meth:`ones_row`; a ReduceSum that keeps the last
+        axis is slow), then ReduceSum over what is left of N. Measured on products like dy*xc at
+        32x112x112x64 against float64: one ReduceSum over axes 0, 2, 3 / one MatMul over all N*H*W rows left
+        9e-7 / 8e-6 of the result's scale, the stages 2e-7, and ran as fast or faster.
         """
         b, e = self.b, self.e
-        if self.layout == "NCX":
-            rank = self.p.rank or 3
-            if not self.staged_sums():
-                return e.reduce_sum(t, (0,) + tuple(range(2, rank)), keepdims=0, output=output)
-            last = self.static_dim(rank - 1) if self.p.rank is not None else None
-            pieces = _pieces(last) if last is not None and last > DOT_ROW_MAX else None
-            if pieces:  # a long last axis in rows of at most DOT_ROW_MAX: [..., L] -> [..., pieces, L / pieces]
-                t = b.op1("Reshape", [t, e.ints([0] * (rank - 1) + [pieces, last // pieces])])
-                rank += 1
+        if self.layout == "NXC":
+            if rows[0][1] is None:  # one MatMul over [M, C]
+                return b.op1("Reshape", [b.op1("MatMul", [rows[0][0], t]), e.ints([-1])], output)
+            for ones, shape in rows:
+                t = b.op1("MatMul", [ones, b.op1("Reshape", [t, shape])])
+            return e.reduce_sum(t, (0, 1), keepdims=0, output=output)
+        p = self.p
+        rank = p.rank or 3
+        if not self.staged_sums():
+            return e.reduce_sum(t, (0,) + tuple(range(2, rank)), keepdims=0, output=output)
+        spatial = [self.static_dim(a) for a in range(2, rank)] if p.rank is not None else [None]
+        if None in spatial:  # the last axis, then the others
             per_row = e.reduce_sum(t, (rank - 1,), keepdims=0)
             return e.reduce_sum(per_row, (0,) + tuple(range(2, rank - 1)), keepdims=0, output=output)
-        if rows[0][1] is None:  # one MatMul over [M, C]
-            return b.op1("Reshape", [b.op1("MatMul", [rows[0][0], t]), e.ints([-1])], output)
-        for ones, shape in rows:
-            t = b.op1("MatMul", [ones, b.op1("Reshape", [t, shape])])
-        return e.reduce_sum(t, (0, 1), keepdims=0, output=output)
+        factors = _cut(spatial)
+        if factors != spatial:
+            t = b.op1("Reshape", [t, e.ints([0, 0] + factors)])
+        for axis in range(1 + len(factors), 1, -1):
+            t = e.reduce_sum(t, (axis,), keepdims=0)
+        n = self.static_dim(0)  # [N, C] left
+        if n is not None and len(_cut([n])) > 1:
+            t = b.op1("Reshape", [t, e.ints(_cut([n]) + [-1])])
+            for axis in range(len(_cut([n])) - 1, 0, -1):
+                t = e.reduce_sum(t, (axis,), keepdims=0)
+        return e.reduce_sum(t, (0,), keepdims=0, output=output)
 
     def dot_pieces(self) -> int | None:
         """For sum(dy*xc) as a Conv (see conv_dot): into how many rows of at most DOT_ROW_MAX elements each
@@ -293,7 +302,7 @@ class _Fast:
         static, not computed in f32, fewer than CONV_MIN_SPATIAL elements per (sample, channel), no divisor
         giving rows of DOT_ROW_MAX or less within 64 pieces."""
         shape = self.static_shape()
-        if self.layout != "NCX" or shape is None or len(shape) < 3 or self.e.ct != TensorProto.FLOAT:
+        if self.layout != "NCX" or shape is None or self.e.ct != TensorProto.FLOAT:
             return None  # (onnxruntime has no double Conv)
         x = int(np.prod(shape[2:], dtype=np.int64))
         if x < CONV_MIN_SPATIAL:
@@ -323,10 +332,10 @@ class _Fast:
 
     def ones_row(self) -> list[tuple[str, str | None]] | None:
         """For the NXC sums, per MatMul stage: a [1, k] ones row and the [rows, k, C] shape to view the
-        tensor (or what the previous stage left) as. Static dims but for N, [N, D1 .. Dk, C]: the last
-        spatial axis Dk, then D1 .. Dk-1 together. Other dynamic dims: [N, D1 * .. * Dk, C] in one stage.
-        Rank 2, or fewer than STAGED_SUMS_FROM rows: [1, M] over the [M, C] tensor or view itself (shape
-        None)."""
+        tensor (or what the previous stage left) as. Static dims (the batch may be symbolic): one stage per
+        row :func:`_cut` makes of [N,] D1 .. Dk, last first. Other dynamic dims: [N, D1 * .. * Dk, C] in one
+        stage. Fewer than STAGED_SUMS_FROM rows, or rank 2 of unknown M: [1, M] over the [M, C] tensor or
+        view itself (shape None)."""
         if self.layout != "NXC":
             return None
         b, e, p = self.b, self.e, self.p
@@ -338,18 +347,15 @@ class _Fast:
             one = numpy_helper.from_array(np.ones(1, dtype=e.np_ct), "one")
             return b.op1("ConstantOfShape", [b.op1("Concat", [e.ints([1]), count], axis=0)], value=one)
 
-        if p.rank == 2 or not self.staged_sums():  # one MatMul over the [M, C] tensor or view
+        if p.rank == 2 and self.static_count() is None or not self.staged_sums():  # one MatMul over [M, C]
             m = self.static_count()
             return [(ones(m) if m is not None else ones_like(
                 b.op1("Slice", [b.op1("Shape", [p.src]), e.ints([0]), e.ints([1])])), None)]
-        dims = [self.static_dim(a) for a in range(1, p.rank)] if p.rank is not None else [None]
-        if None not in dims:  # static but for the batch (-1 below)
-            spatial, c = dims[:-1], dims[-1]
-            inner = int(np.prod(spatial[:-1], dtype=np.int64))
-            stages = [(ones(spatial[-1]), e.ints([-1, spatial[-1], c]))]
-            if inner > 1:
-                stages.append((ones(inner), e.ints([-1, inner, c])))
-            return stages
+        dims = [self.static_dim(a) for a in range(p.rank)] if p.rank is not None else [None, None]
+        if None not in dims[1:]:  # static but maybe for the batch (left as -1)
+            c = dims[-1]
+            factors = _cut(dims[:-1] if dims[0] is not None else dims[1:-1])
+            return [(ones(f), e.ints([-1, f, c])) for f in reversed(factors)]
         # unknown dims (or rank: src may have rank 2, then each of its M rows is a "sample" of one row)
         src_shape = b.op1("Shape", [p.src])
         x = b.op1("ReduceProd", [b.op1("Slice", [src_shape, e.ints([1]), e.ints([-1])])], keepdims=1)
@@ -496,6 +502,29 @@ DX_FORM = {"NCX": "affine", "NXC": "affine"}
 # sum is no graph output: f16/bf16 10-23% faster at 112x112 to 14x14, f32 feeding another node 18-31% faster
 # (2 cores, onnxruntime 1.32); slower at 7x7
 CONV_MIN_SPATIAL = 196
+
+
+def _cut(dims: list[int]) -> list[int]:
+    """The axes a sum runs over, as rows of at most DOT_ROW_MAX elements: each dim longer than that split
+    into (d / k, k), k its largest divisor up to DOT_ROW_MAX, as often as it takes (a dim without one, such
+    as a large prime, stays whole), then neighbours merged from the last while their product fits."""
+    cut: list[int] = []
+    for d in dims:
+        inner: list[int] = []
+        while d > DOT_ROW_MAX:
+            k = next((k for k in range(DOT_ROW_MAX, 1, -1) if d % k == 0), None)
+            if k is None:
+                break
+            inner.insert(0, k)
+            d //= k
+        cut += [d, *inner]
+    merged: list[int] = []
+    for d in reversed(cut):
+        if merged and merged[-1] * d <= DOT_ROW_MAX:
+            merged[-1] *= d
+        else:
+            merged.append(d)
+    return merged[::-1]
 
 
 def _pieces(length: int) -> int | None:

@@ -38,6 +38,8 @@ DEFAULT_OPSET = 17  # declared when a model imports no default-domain opset at a
 MIN_OPSET = 12  # ReduceSum & co. as the rules emit them; onnxruntime-training writes opset 12
 
 ModelT = TypeVar("ModelT", onnx.ModelProto, ir.Model)
+# a rule's lowering with one of these is never copied: its subgraphs may read outer values by name
+_SUBGRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 Types = Mapping[str, TensorType | None]
 
 
@@ -143,8 +145,9 @@ class _Scope:
 @dataclass(frozen=True)
 class _Replay:
     """What a rule emitted for one node, to emit again for a later node of the same graph with the same
-    lowering key (op, attributes, argument types and sharing, wanted outputs): the rule's output depends on
-    nothing else, so the nodes are copied and only the value and node names change.
+    lowering key (op, attributes, argument types and sharing, wanted outputs, outputs that are graph
+    outputs): the rule's output depends on nothing else (lowering.rules.Rule), so the nodes are copied and
+    only the value and node names change. A lowering with subgraphs is never recorded.
 
     ``nodes`` holds the emitted nodes without their inputs, outputs and name; ``wiring`` has, per node, the
     indices of its inputs, outputs and name in a table made per copy: the custom node's inputs + outputs,
@@ -313,7 +316,8 @@ class _Lowering:
                 else:  # a Constant nobody here reads is not there for later nodes either
                     del scope.constants[constant]
             emitted = len(live)
-            scope.replays[replay_key] = (node, prefix, start, emitted, new_constants)
+            if not any(a.type in _SUBGRAPH_ATTRIBUTES for n in out[start:] for a in n.attribute):
+                scope.replays[replay_key] = (node, prefix, start, emitted, new_constants)
         if prefix_free:
             self._name_index[prefix] = builder.last_index
         else:

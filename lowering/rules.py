@@ -59,6 +59,11 @@ class LoweringRequest:
 
 
 Rule = Callable[[NodeBuilder, LoweringRequest], None]
+"""A lowering rule: emits standard nodes into the builder for the request. What it emits must depend only
+on the request (the inference: op, attributes, types, roles; which outputs are wanted and which are graph
+outputs; the options) and the builder's opset, never on the node's name or anything else: the pass copies a
+rule's nodes, renamed, for later nodes of a graph with the same lowering key (lowering/passes.py). Nodes with
+subgraph attributes are never copied (a subgraph may read the outer values by name)."""
 
 _RULES: dict[str, Rule] = {}
 

@@ -137,7 +137,8 @@ def test_the_key_includes_which_outputs_are_wanted():
         names, infos = _own_inputs(i, shape)
         nodes.append(_bn(i, names))
         inputs += infos
-    nodes += [helper.make_node("Relu", ["dg_1"], ["r_dg"], name="r_dg"), helper.make_node("Relu", ["db_1"], ["r_db"], name="r_db")]
+    nodes += [helper.make_node("Relu", ["dg_1"], ["r_dg"], name="r_dg"),
+              helper.make_node("Relu", ["db_1"], ["r_db"], name="r_db")]
     outputs = _outputs(0, shape, which=(0,)) + _outputs(1, shape, which=(0,)) + [vi("r_dg", F32, [3]),
                                                                                   vi("r_db", F32, [3])]
     lowered = _check(_declared(_model(nodes, inputs, outputs), shape, 2))
@@ -232,7 +233,8 @@ def test_the_key_includes_which_outputs_are_graph_outputs():
         names, infos = _own_inputs(i, shape)
         nodes.append(_bn(i, names))
         inputs += infos
-    nodes += [helper.make_node("Relu", ["dx_1"], ["relu1"], name="relu1"), helper.make_node("Relu", ["dx_3"], ["relu3"], name="relu3")]
+    nodes += [helper.make_node("Relu", ["dx_1"], ["relu1"], name="relu1"),
+              helper.make_node("Relu", ["dx_3"], ["relu3"], name="relu3")]
     outputs = (_outputs(0, shape) + _outputs(1, shape, which=(1, 2)) + _outputs(2, shape)
                + _outputs(3, shape, which=(1, 2)) + [vi("relu1", F32, shape), vi("relu3", F32, shape)])
     lowered = _check(_declared(_model(nodes, inputs, outputs), shape, 4))

@@ -121,6 +121,9 @@ class _Emitter(Emitter):
     def fast_layout(self) -> str | None:
         """'NCX' / 'NXC' when the tuned formulations apply (per-channel [C] stats, channel axis 1 or last)."""
         p = self.p
+        if p.src_shape is not None and p.channel_axis is not None and p.rank == len(p.src_shape) \
+                and p.src_shape[p.channel_axis] == 0:
+            return None  # no channels: the views of the tuned forms would need a 0 in a Reshape target
         if p.stats_keep_rank or p.reduce_axes is not None and p.rank is not None and tuple(sorted(
                 p.reduce_axes)) != tuple(a for a in range(p.rank) if a != p.channel_axis):
             return None
@@ -182,10 +185,16 @@ class _Emitter(Emitter):
                 axes = tuple(a for a in range(p.rank) if a != p.channel_axis)
             if all(isinstance(dims[a], int) for a in axes):
                 m = int(np.prod([dims[a] for a in axes], dtype=np.int64))
-                return self.scalar(1.0 / m, "inv_m")
+                return self.scalar(1.0 / max(m, 1), "inv_m")  # (no elements: the sums are 0 anyway)
         mean = self.cast(p.mean, p.stat_type, self.ct)
-        count = b.op1("Div", [b.op1("Size", [x]), b.op1("Size", [mean])])
-        return b.op1("Reciprocal", [b.op1("Cast", [count], to=self.ct)])
+        return b.op1("Reciprocal", [b.op1("Cast", [self.count(x, mean)], to=self.ct)])
+
+    def count(self, x: str, mean: str) -> str:
+        """Elements per channel at run time: Size(x) / Size(mean), as 1 when there are no channels."""
+        b = self.b
+        channels = b.op1("Max", [b.op1("Size", [mean]), b.const(np.array(1, np.int64), hint="one_i64")])
+        return b.op1("Max", [b.op1("Div", [b.op1("Size", [x]), channels]), b.const(np.array(1, np.int64),
+                                                                                   hint="one_i64")])
 
 
 class _Fast:
@@ -414,7 +423,7 @@ class _Fast:
         if m is not None:
             neg_inv_m = e.scalar(-1.0 / max(m, 1), "neg_inv_m")
         else:
-            count = b.op1("Div", [b.op1("Size", [x]), b.op1("Size", [mean])])
+            count = e.count(x, mean)
             neg_inv_m = b.op1("Neg", [b.op1("Reciprocal", [b.op1("Cast", [count], to=ct)])])
         # b = -a*inv*diff_gamma/M, c = -a*S1/M
         a_m = b.op1("Mul", [a, neg_inv_m])

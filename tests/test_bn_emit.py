@@ -315,3 +315,23 @@ def test_staged_sums_and_convs_at_every_opset(opset, layout):
     assert ("Conv" in ops) == (layout == "NCX") and ("MatMul" in ops) == (layout == "NXC")
     if opset >= 13:  # bf16 Cast and Reshape came with opset 13
         check(shape, channel_axis=1 if layout == "NCX" else 3, opset=opset, io_type=BF16)
+
+
+@pytest.mark.parametrize("layout,shape,symbolic", [
+    ("NXC", (2, 14, 14, 0), "static"), ("NXC", (2, 14, 14, 0), "batch"), ("NXC", (2, 0, 0), "static"),
+    ("NCX", (2, 0, 14, 14), "static"), ("NCX", (2, 0, 14, 14), "all")])
+def test_no_channels(layout, shape, symbolic):
+    """Zero channels: a model onnxruntime loads and runs, with empty outputs (the tuned forms' views would
+    need a literal 0 in a Reshape target, and the count per channel is 0 / 0)."""
+    channel_axis = 1 if layout == "NCX" else len(shape) - 1
+    plan = BatchNormBackwardPlan(
+        "src", "diff_dst", "mean", "stat", "gamma", "dx", "dg", "db", rank=len(shape), channel_axis=channel_axis,
+        reduce_axes=None, stats_keep_rank=False, statistics="batch", stat_input="variance", epsilon=1e-5,
+        io_type=F32, stat_type=F32,
+        src_shape={"static": shape, "batch": ("n", *shape[1:]), "all": None}[symbolic])
+    dims = {"static": list(shape), "batch": ["n", *shape[1:]], "all": [f"d{i}" for i in range(len(shape))]}[symbolic]
+    x = np.zeros(shape, np.float32)
+    empty = np.zeros(0, np.float32)
+    got = run_model(build(plan, 17, dims, [0]), {"src": x, "diff_dst": x, "mean": empty, "stat": empty,
+                                                 "gamma": empty})
+    assert got["dx"].shape == shape and got["dg"].shape == (0,) and got["db"].shape == (0,)

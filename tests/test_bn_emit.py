@@ -64,7 +64,7 @@ def make_data(shape, channel_axis, reduce_axes, keep_rank, io_type, stat_type, *
 
 def check(shape, *, channel_axis, io_type=F32, stat_type=F32, keep_rank=False, reduce_axes=None, gamma=True,
           outputs=OUTPUTS, statistics="batch", stat_input="variance", opset=17, offset=0.0,
-          rank_known=True, symbolic=False, tol=None, seed=0, internal=False):
+          rank_known=True, symbolic=False, tol=None, seed=0, internal=False, symbolic_batch=False):
     rank = len(shape)
     axes = tuple(reduce_axes) if reduce_axes is not None else tuple(a for a in range(rank) if a != channel_axis)
     x, dy, mean, stat, g = make_data(shape, channel_axis, axes, keep_rank, io_type, stat_type, offset=offset,
@@ -77,13 +77,13 @@ def check(shape, *, channel_axis, io_type=F32, stat_type=F32, keep_rank=False, r
         channel_axis=channel_axis if rank_known or channel_axis != rank - 1 else None,
         reduce_axes=tuple(reduce_axes) if reduce_axes is not None else None, stats_keep_rank=keep_rank,
         statistics=statistics, stat_input=stat_input, epsilon=1e-5, io_type=io_type, stat_type=stat_type,
-        src_shape=None if symbolic or not rank_known else tuple(shape),
+        src_shape=None if symbolic or not rank_known else ("n", *shape[1:]) if symbolic_batch else tuple(shape),
         channel_last=(channel_axis == rank - 1 and rank > 1 and not rank_known), diff_src_internal=internal)
     # onnx.checker wants graph inputs to have a shape: an unknown rank is the emitter's view only
     if symbolic or not rank_known:
         input_shape = [f"d{i}" for i in range(rank)]
     else:
-        input_shape = list(shape)
+        input_shape = ["n", *shape[1:]] if symbolic_batch else list(shape)
     stats_shape = [f"s{i}" for i in range(mean.ndim)] if symbolic or not rank_known else list(mean.shape)
     model = build(plan, opset, input_shape, stats_shape)
     feeds = {"src": x, "diff_dst": dy, "mean": mean, "stat": stat}
@@ -226,9 +226,12 @@ def test_depthwise_conv_form_only_where_it_wins(io_type, shape, channel_axis):
     assert not any(n.op_type == "Conv" and n.attribute[0].i == shape[channel_axis] for n in model.graph.node)
 
 
-def test_depthwise_conv_form_needs_static_dims():
+def test_depthwise_conv_form_needs_static_channels_and_spatial_dims():
     model, _, _ = check((3, 4, 14, 14), channel_axis=1, io_type=BF16, symbolic=True)
     assert not any(n.op_type == "Conv" for n in model.graph.node)
+    # a symbolic batch is fine (the Conv's group is C); the sum of products needs N too (its group is N*C)
+    model, got, want = check((3, 4, 14, 14), channel_axis=1, io_type=BF16, symbolic_batch=True)
+    assert [n.attribute[0].i for n in model.graph.node if n.op_type == "Conv"] == [4]
 
 
 @pytest.mark.parametrize("io_type", [F32, BF16])

@@ -206,8 +206,10 @@ class _Fast:
     S1 = sum(dy), S2 = sum(dy*xc):  diff_beta = S1, diff_gamma = inv*S2 and
     diff_src = a*dy + b*xc + c with a = gamma*inv, b = -a*inv*diff_gamma/M, c = -a*S1/M.
     Passes over tensor-sized data (read + write counts, f32 units), batch statistics:
-    Sub xc 2, Mul dy*xc 3, the two sums 1 + 1 (ReduceSum over axes 0, 2 for NCX; a MatMul with a ones
-    row for NXC, where a ReduceSum that keeps the last axis is slow), then diff_src:
+    Sub xc 2, Mul dy*xc 3, the two sums 1 + 1 (ReduceSums for NCX; MatMuls with ones rows for NXC, where a
+    ReduceSum that keeps the last axis is slow; in stages for long sums, see channel_sum), or for NCX with
+    static dims and >= CONV_MIN_SPATIAL elements per (sample, channel) S2 as a grouped Conv reading dy and
+    xc (2, see conv_dot), then diff_src:
     "affine": BatchNormalization (mean 0, variance 1, epsilon 0) as the per-channel affine b*xc + c 2,
     Mul a*dy 2, Add 3 -> 14 in all (the literal formula of DESIGN.md section 4 makes 16);
     "muladd": Mul 2, Mul 2, Add 3, Add 2 -> 16. Frozen statistics: one Mul (2).

@@ -262,6 +262,18 @@ def test_sum_of_products_as_a_conv_only_where_it_pays(shape, channel_axis, symbo
 
 
 
+def _f32_model(shape, channel_axis: int, symbolic: str) -> onnx.ModelProto:
+    """All three outputs of an f32 batch-statistics node; dims "static", "batch" (the batch symbolic) or
+    "all" symbolic."""
+    plan = BatchNormBackwardPlan(
+        "src", "diff_dst", "mean", "stat", "gamma", "dx", "dg", "db", rank=len(shape), channel_axis=channel_axis,
+        reduce_axes=None, stats_keep_rank=False, statistics="batch", stat_input="variance", epsilon=1e-5,
+        io_type=F32, stat_type=F32,
+        src_shape={"static": shape, "batch": ("n", *shape[1:]), "all": None}[symbolic])
+    dims = {"static": list(shape), "batch": ["n", *shape[1:]], "all": [f"d{i}" for i in range(len(shape))]}[symbolic]
+    return build(plan, 17, dims, [shape[channel_axis]])
+
+
 @pytest.mark.parametrize("layout,shape,symbolic", [
     *[(layout, shape, symbolic) for layout, shape in [("NCX", (16, 3, 160, 160)), ("NXC", (16, 160, 160, 3)),
                                                       ("NXC", (4, 8, 80, 80, 3)), ("NCX", (16, 3, 25600))]
@@ -284,15 +296,8 @@ def test_long_sums_stay_within_f32_tolerance(layout, shape, symbolic):
     mean = x.astype(np.float64).mean(axis=axes).astype(np.float32)
     var = x.astype(np.float64).var(axis=axes).astype(np.float32)
     gamma = rng.uniform(0.5, 1.5, shape[channel_axis]).astype(np.float32)
-    c = shape[channel_axis]
-    plan = BatchNormBackwardPlan(
-        "src", "diff_dst", "mean", "stat", "gamma", "dx", "dg", "db", rank=len(shape), channel_axis=channel_axis,
-        reduce_axes=None, stats_keep_rank=False, statistics="batch", stat_input="variance", epsilon=1e-5,
-        io_type=F32, stat_type=F32,
-        src_shape={"static": shape, "batch": ("n", *shape[1:]), "all": None}[symbolic])
-    dims = {"static": list(shape), "batch": ["n", *shape[1:]], "all": [f"d{i}" for i in range(len(shape))]}[symbolic]
-    got = run_model(build(plan, 17, dims, [c]), {"src": x, "diff_dst": dy, "mean": mean, "stat": var,
-                                                 "gamma": gamma})
+    got = run_model(_f32_model(shape, channel_axis, symbolic), {"src": x, "diff_dst": dy, "mean": mean,
+                                                                "stat": var, "gamma": gamma})
     want = reference(x, dy, mean, var, gamma, epsilon=1e-5, reduce_axes=axes, statistics="batch",
                      stat_input="variance", outputs=OUTPUTS)
     for role, name in zip(OUTPUTS, ("dx", "dg", "db"), strict=True):
@@ -327,14 +332,8 @@ def test_no_channels(layout, shape, symbolic):
     """Zero channels: a model onnxruntime loads and runs, with empty outputs (the tuned forms' views would
     need a literal 0 in a Reshape target, and the count per channel is 0 / 0)."""
     channel_axis = 1 if layout == "NCX" else len(shape) - 1
-    plan = BatchNormBackwardPlan(
-        "src", "diff_dst", "mean", "stat", "gamma", "dx", "dg", "db", rank=len(shape), channel_axis=channel_axis,
-        reduce_axes=None, stats_keep_rank=False, statistics="batch", stat_input="variance", epsilon=1e-5,
-        io_type=F32, stat_type=F32,
-        src_shape={"static": shape, "batch": ("n", *shape[1:]), "all": None}[symbolic])
-    dims = {"static": list(shape), "batch": ["n", *shape[1:]], "all": [f"d{i}" for i in range(len(shape))]}[symbolic]
     x = np.zeros(shape, np.float32)
     empty = np.zeros(0, np.float32)
-    got = run_model(build(plan, 17, dims, [0]), {"src": x, "diff_dst": x, "mean": empty, "stat": empty,
-                                                 "gamma": empty})
+    got = run_model(_f32_model(shape, channel_axis, symbolic), {"src": x, "diff_dst": x, "mean": empty,
+                                                                "stat": empty, "gamma": empty})
     assert got["dx"].shape == shape and got["dg"].shape == (0,) and got["db"].shape == (0,)

@@ -33,6 +33,16 @@ def _own_inputs(i: int, shape, elem=F32) -> tuple[list[str], list[onnx.ValueInfo
     return names, [vi(names[0], elem, shape), vi(names[1], elem, shape)] + [vi(n, F32, [c]) for n in names[2:]]
 
 
+def _own_nodes(count: int, shape) -> tuple[list[onnx.NodeProto], list[onnx.ValueInfoProto]]:
+    """``count`` f32 nodes ``bn_<i>``, each reading its own graph inputs."""
+    nodes, inputs = [], []
+    for i in range(count):
+        names, infos = _own_inputs(i, shape)
+        nodes.append(_bn(i, names))
+        inputs += infos
+    return nodes, inputs
+
+
 def _outputs(i: int, shape, elem=F32, which=(0, 1, 2)) -> list[onnx.ValueInfoProto]:
     c = shape[1]
     all_three = [vi(f"dx_{i}", elem, shape), vi(f"dg_{i}", F32, [c]), vi(f"db_{i}", F32, [c])]
@@ -88,12 +98,8 @@ def _ops(graph: onnx.GraphProto, prefix: str) -> list[tuple]:
 
 def test_copies_are_wired_to_their_own_values():
     shape = [2, 3, 4, 5]
-    nodes, inputs, outputs = [], [], []
-    for i in range(4):
-        names, infos = _own_inputs(i, shape)
-        nodes.append(_bn(i, names))
-        inputs += infos
-        outputs += _outputs(i, shape)
+    nodes, inputs = _own_nodes(4, shape)
+    outputs = [o for i in range(4) for o in _outputs(i, shape)]
     model = _model(nodes, inputs, outputs)
     lowered = _check(model)
     first = _ops(lowered.graph, "bn_0")
@@ -132,11 +138,7 @@ def test_the_key_includes_which_outputs_are_wanted():
     """Two identical nodes, every output type declared: node 0's parameter gradients are read by nobody,
     node 1's by Relu nodes. A copy of node 0's lowering would leave node 1's unproduced."""
     shape = [2, 3, 4, 5]
-    nodes, inputs = [], []
-    for i in range(2):
-        names, infos = _own_inputs(i, shape)
-        nodes.append(_bn(i, names))
-        inputs += infos
+    nodes, inputs = _own_nodes(2, shape)
     nodes += [helper.make_node("Relu", ["dg_1"], ["r_dg"], name="r_dg"),
               helper.make_node("Relu", ["db_1"], ["r_db"], name="r_db")]
     outputs = _outputs(0, shape, which=(0,)) + _outputs(1, shape, which=(0,)) + [vi("r_dg", F32, [3]),
@@ -179,13 +181,8 @@ def test_copies_avoid_names_the_model_already_uses():
 
 
 def _two_nodes(shape):
-    nodes, inputs, outputs = [], [], []
-    for i in range(2):
-        names, infos = _own_inputs(i, shape)
-        nodes.append(_bn(i, names))
-        inputs += infos
-        outputs += _outputs(i, shape)
-    return nodes, inputs, outputs
+    nodes, inputs = _own_nodes(2, shape)
+    return nodes, inputs, _outputs(0, shape) + _outputs(1, shape)
 
 
 def test_a_subgraph_gets_its_own_constants():
@@ -228,11 +225,7 @@ def test_the_key_includes_which_outputs_are_graph_outputs():
     f32 NCX lowers the second with the in-place Conv form (lowering/bn_emit.py), the first without, and
     each is exact."""
     shape = [2, 3, 14, 14]
-    nodes, inputs = [], []
-    for i in range(4):
-        names, infos = _own_inputs(i, shape)
-        nodes.append(_bn(i, names))
-        inputs += infos
+    nodes, inputs = _own_nodes(4, shape)
     nodes += [helper.make_node("Relu", ["dx_1"], ["relu1"], name="relu1"),
               helper.make_node("Relu", ["dx_3"], ["relu3"], name="relu3")]
     outputs = (_outputs(0, shape) + _outputs(1, shape, which=(1, 2)) + _outputs(2, shape)
@@ -256,12 +249,8 @@ def test_a_lowering_with_subgraphs_is_never_copied(monkeypatch):
 
     monkeypatch.setitem(rules._RULES, "batch_norm_backward", rule)
     shape = [2, 3, 4, 5]
-    nodes, inputs, outputs = [], [], []
-    for i in range(3):
-        names, infos = _own_inputs(i, shape)
-        nodes.append(_bn(i, names))
-        inputs += infos
-        outputs += _outputs(i, shape, which=(0,))
+    nodes, inputs = _own_nodes(3, shape)
+    outputs = [o for i in range(3) for o in _outputs(i, shape, which=(0,))]
     lowered = lower_model(_model(nodes, inputs, outputs))
     feeds = _feeds(_model(nodes, inputs, outputs))
     got = run_model(lowered, feeds)

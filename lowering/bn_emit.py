@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -184,7 +185,7 @@ class _Emitter(Emitter):
             if axes is None:
                 axes = tuple(a for a in range(p.rank) if a != p.channel_axis)
             if all(isinstance(dims[a], int) for a in axes):
-                m = int(np.prod([dims[a] for a in axes], dtype=np.int64))
+                m = math.prod(dims[a] for a in axes)
                 return self.scalar(1.0 / max(m, 1), "inv_m")  # (no elements: the sums are 0 anyway)
         mean = self.cast(p.mean, p.stat_type, self.ct)
         return b.op1("Reciprocal", [b.op1("Cast", [self.count(x, mean)], to=self.ct)])
@@ -239,7 +240,7 @@ class _Fast:
         dims = [p.src_shape[a] for a in range(p.rank) if a != p.channel_axis]
         if not all(isinstance(d, int) and d >= 0 for d in dims):
             return None
-        return int(np.prod(dims, dtype=np.int64))
+        return math.prod(dims)
 
     def views(self):
         """src and diff_dst as [N, C, X] / [M, C] (before any Cast: Reshape takes bf16 and aliases).
@@ -315,7 +316,7 @@ class _Fast:
         shape = self.static_shape()
         if self.layout != "NCX" or shape is None or self.e.ct != TensorProto.FLOAT:
             return None  # (onnxruntime has no double Conv)
-        x = int(np.prod(shape[2:], dtype=np.int64))
+        x = math.prod(shape[2:])
         if x < CONV_MIN_SPATIAL:
             return None
         return _pieces(x)
@@ -329,7 +330,7 @@ class _Fast:
         b, e = self.b, self.e
         shape = self.static_shape()
         n, c = shape[0], shape[1]
-        rows, length = n * c * pieces, int(np.prod(shape[2:], dtype=np.int64)) // pieces
+        rows, length = n * c * pieces, math.prod(shape[2:]) // pieces
         data = b.op1("Reshape", [dy, e.ints([1, rows, length])])
         kernels = b.op1("Reshape", [xc, e.ints([rows, 1, length])])
         dots = b.op1("Conv", [data, kernels], group=rows)
@@ -461,7 +462,7 @@ class _Fast:
             return None
         channels = self.static_dim(1)
         spatial = [self.static_dim(a) for a in range(2, p.rank)]
-        if channels is None or None in spatial or int(np.prod(spatial)) < CONV_MIN_SPATIAL:
+        if channels is None or None in spatial or math.prod(spatial) < CONV_MIN_SPATIAL:
             return None
         return channels
 

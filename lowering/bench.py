@@ -80,6 +80,17 @@ def lowered_model(shape, layout, io_type, stat_type=TensorProto.FLOAT, nodes=1) 
     return lower_model(onednn_model(shape, layout, io_type, stat_type, nodes))
 
 
+def read_by_a_node(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (one node, from :func:`onednn_model`) with diff_src read by a ReduceSum over every axis (the
+    graph output ``dx_sum``) instead of being a graph output itself: how a training graph uses it."""
+    graph = model.graph
+    graph.node.append(helper.make_node("ReduceSum", ["diff_src_0"], ["dx_sum"], keepdims=0))
+    index = next(i for i, o in enumerate(graph.output) if o.name == "diff_src_0")
+    graph.output.pop(index)
+    graph.output.insert(index, helper.make_tensor_value_info("dx_sum", TensorProto.FLOAT, []))
+    return model
+
+
 def keep_freed_memory() -> None:
     """Stop glibc from unmapping big freed blocks, so a fresh output reuses warm pages (no page faults).
 
@@ -132,7 +143,8 @@ def _torch():
         return None
 
 
-def _torch_runner(torch, x: np.ndarray, dy: np.ndarray, layout: str, dtype: str) -> Callable[[], object]:
+def _torch_runner(torch, x: np.ndarray, dy: np.ndarray, layout: str, dtype: str,
+                  then_sum: bool = False) -> Callable[[], object]:
     tdtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
 
     def tensor(a: np.ndarray):
@@ -146,6 +158,9 @@ def _torch_runner(torch, x: np.ndarray, dy: np.ndarray, layout: str, dtype: str)
 
     def run():
         return op(tdy, tx, weight, None, None, mean, invstd, True, 1e-5, [True, True, True])
+
+    if then_sum:
+        return lambda: run()[0].sum()
 
     return run
 
@@ -183,16 +198,7 @@ def time_case(layout: str, dtype: str, channels: int, size: int, batch: int, rep
     runners = {"ort": prepared.run_bound}
     if torch is not None:
         runners["torch"] = _torch_runner(torch, x, dy, layout, dtype)
-    times: dict[str, list[float]] = {k: [] for k in runners}
-    for _ in range(WARMUP):
-        for fn in runners.values():
-            fn()
-    for _ in range(reps):  # interleaved single runs with short busy pauses
-        for key, fn in runners.items():
-            _busy_wait(PAUSE)
-            t0 = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - t0)
+    times = _interleaved(runners, reps)
     ms = _median_ms(times["ort"])
     traffic = TENSOR_PASSES * x.nbytes
     result = CaseResult(layout, dtype, channels, size, batch, ms, traffic / ms / 1e6,
@@ -201,6 +207,50 @@ def time_case(layout: str, dtype: str, channels: int, size: int, batch: int, rep
         result.torch_ms = _median_ms(times["torch"])
         result.vs_torch = ms / result.torch_ms
     return result
+
+
+def time_in_graph(layout: str, channels: int, size: int, batch: int, reps: int, torch=None) -> dict:
+    """f32, diff_src read by a ReduceSum (:func:`read_by_a_node`; the lowering then may work in place, see
+    lowering/bn_emit.py) against torch's backward followed by ``.sum()`` of its diff_src."""
+    from lowering import lower_model
+    from runtime.session import PreparedModel
+
+    shape = (batch, channels, size, size) if layout == "NCX" else (batch, size, size, channels)
+    model = lower_model(read_by_a_node(onednn_model(shape, layout, TensorProto.FLOAT)))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape, dtype=np.float32)
+    dy = rng.standard_normal(shape, dtype=np.float32)
+    vec = np.ones(channels, np.float32)
+    prepared = PreparedModel(model, allow_spinning=False)
+    prepared.bind({"src": x, "diff_dst": dy, "mean": vec * 0, "variance": vec, "gamma": vec},
+                  {"dx_sum": np.empty((), np.float32), "diff_gamma_0": np.empty_like(vec),
+                   "diff_beta_0": np.empty_like(vec)})
+    runners = {"ort": prepared.run_bound}
+    if torch is not None:
+        runners["torch"] = _torch_runner(torch, x, dy, layout, "f32", then_sum=True)
+    times = _interleaved(runners, reps)
+    row = {"layout": layout, "channels": channels, "size": size, "ms": _median_ms(times["ort"]),
+           "torch_ms": None, "vs_torch": None}
+    if "torch" in times:
+        row["torch_ms"] = _median_ms(times["torch"])
+        row["vs_torch"] = row["ms"] / row["torch_ms"]
+    return row
+
+
+def _interleaved(runners: dict[str, Callable[[], object]], reps: int) -> dict[str, list[float]]:
+    """Each runner's times: WARMUP untimed rounds, then ``reps`` single runs of each, interleaved with short
+    busy pauses."""
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    for _ in range(WARMUP):
+        for fn in runners.values():
+            fn()
+    for _ in range(reps):
+        for key, fn in runners.items():
+            _busy_wait(PAUSE)
+            t0 = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t0)
+    return times
 
 
 def distinct_model(nodes: int, base_channels: int = 4) -> onnx.ModelProto:
@@ -299,6 +349,15 @@ def run_bench(*, quick: bool = False, shapes: tuple[tuple[int, int], ...] | None
                 cases.append(r)
                 extra = f", torch {r.torch_ms:.2f} ms ({r.vs_torch:.2f}x)" if r.torch_ms else ""
                 progress(f"    {r.ms:.2f} ms, {r.gbps:.1f} GB/s, {r.vs_bound:.2f}x bound{extra}")
+    in_graph = []
+    if "f32" in dtypes:
+        for layout in layouts:
+            for channels, size in shapes:
+                progress(f"[in a graph] {layout} f32 {channels}x{size}x{size} batch {batch}, diff_src read by a node")
+                row = time_in_graph(layout, channels, size, batch, reps, torch)
+                in_graph.append(row)
+                extra = f", torch + sum {row['torch_ms']:.2f} ms ({row['vs_torch']:.2f}x)" if row["torch_ms"] else ""
+                progress(f"    {row['ms']:.2f} ms{extra}")
     progress("timing the pass ...")
     passes = time_pass(pass_nodes)
     for row in passes:
@@ -312,9 +371,12 @@ def run_bench(*, quick: bool = False, shapes: tuple[tuple[int, int], ...] | None
             if sel and all(c.vs_torch for c in sel):
                 entry["geomean_vs_torch"] = _geomean([c.vs_torch for c in sel])
             summary[f"{layout}/{dtype}"] = entry
+        sel = [r for r in in_graph if r["layout"] == layout]
+        if sel and all(r["vs_torch"] for r in sel):
+            summary[f"{layout}/f32 in a graph"] = {"geomean_vs_torch": _geomean([r["vs_torch"] for r in sel])}
     return {"machine": machine(), "torch": getattr(torch, "__version__", None), "copy_gbps": bandwidth,
-            "batch": batch, "reps": reps, "cases": [asdict(c) for c in cases], "summary": summary,
-            "pass": passes}
+            "batch": batch, "reps": reps, "cases": [asdict(c) for c in cases], "in_graph": in_graph,
+            "summary": summary, "pass": passes}
 
 
 def _geomean(values: list[float]) -> float | None:
@@ -335,11 +397,19 @@ def markdown(result: dict) -> str:
         t_x = f"{c['vs_torch']:.2f}" if c["vs_torch"] else "–"
         lines.append(f"| {c['layout']} | {c['dtype']} | {c['channels']}×{c['size']}² | {c['ms']:.2f} | "
                      f"{c['gbps']:.1f} | {c['vs_bound']:.2f} | {t_ms} | {t_x} |")
+    if result.get("in_graph"):
+        lines += ["", "In a training graph (f32): diff_src read by a ReduceSum instead of being a graph output; "
+                  "torch: its backward, then `.sum()` of diff_src.", "",
+                  "| layout | C×H×W | ms | torch ms | × torch |", "|---|---|---:|---:|---:|"]
+        for r in result["in_graph"]:
+            t_ms = f"{r['torch_ms']:.2f}" if r["torch_ms"] else "–"
+            t_x = f"{r['vs_torch']:.2f}" if r["vs_torch"] else "–"
+            lines.append(f"| {r['layout']} | {r['channels']}×{r['size']}² | {r['ms']:.2f} | {t_ms} | {t_x} |")
     lines += ["", "| layout/dtype | geomean × bound | geomean × torch |", "|---|---:|---:|"]
     for key, s in result["summary"].items():
         vt = s.get("geomean_vs_torch")
         vb = s.get("geomean_vs_bound")
-        lines.append(f"| {key} | {vb:.2f} | {f'{vt:.2f}' if vt else '–'} |" if vb else f"| {key} | – | – |")
+        lines.append(f"| {key} | {f'{vb:.2f}' if vb else '–'} | {f'{vt:.2f}' if vt else '–'} |")
     lines += ["", "| nodes | lower ms | ms/node | ms/node, all distinct | lowered nodes | session ms |",
               "|---:|---:|---:|---:|---:|---:|"]
     for row in result["pass"]:

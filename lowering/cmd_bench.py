@@ -16,7 +16,7 @@ class OutputPathError(OplowerError):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="fewer shapes and runs (about a minute)")
+    p.add_argument("--quick", action="store_true", help="fewer shapes and runs (about 20 seconds)")
     p.add_argument("--json", metavar="FILE", type=Path, help="also write every number to FILE as JSON")
     p.add_argument("--no-torch", action="store_true", help="do not compare with torch even if it is importable")
     # test-only: a tiny workload that exercises the machinery in seconds

@@ -161,8 +161,8 @@ PER_NODE_BYTES = 32 * 1024  # measured ~14 KiB per node of traced peak before no
 # lowered as copies; ~1 KiB since for these nodes (~8 KiB for nodes that are all different)
 
 
-def _traced_peak(nodes: int, registry) -> int:
-    model = directml_model(nodes)
+def _traced_peak(nodes: int, registry, make=None) -> int:
+    model = (make or directml_model)(nodes)
     tracemalloc.start()
     try:
         lower_model(model, registry=registry)
@@ -180,6 +180,19 @@ def test_traced_memory_grows_linearly_per_node():
     assert large <= 1200 * PER_NODE_BYTES, large
     assert (large - small) / 800 <= PER_NODE_BYTES, (small, large)
     assert large <= 3.6 * small, (small, large)  # linear (3x the nodes), not quadratic (9x)
+
+
+def test_traced_memory_grows_linearly_for_nodes_that_are_all_different():
+    """The directml model's nodes share a lowering key (copies of the first); here each node has its own
+    channel count, so each is verified and lowered afresh."""
+    from lowering.bench import distinct_model
+
+    registry = load_schemas()
+    lower_model(distinct_model(2), registry=registry)
+    small, large = _traced_peak(400, registry, distinct_model), _traced_peak(1200, registry, distinct_model)
+    assert large <= 1200 * PER_NODE_BYTES, large
+    assert (large - small) / 800 <= PER_NODE_BYTES, (small, large)
+    assert large <= 3.6 * small, (small, large)
 
 
 RSS_BOUND_MB = 600  # measured ~150 MB of growth for 10,000 nodes

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 import onnx
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from lowering.bn_emit import BatchNormBackwardPlan, emit_batch_norm_backward
@@ -337,3 +341,31 @@ def test_no_channels(layout, shape, symbolic):
     got = run_model(_f32_model(shape, channel_axis, symbolic), {"src": x, "diff_dst": x, "mean": empty,
                                                                 "stat": empty, "gamma": empty})
     assert got["dx"].shape == shape and got["dg"].shape == (0,) and got["db"].shape == (0,)
+
+
+@st.composite
+def _small_cases(draw):
+    layout = draw(st.sampled_from(["NCX", "NXC"]))
+    rank = draw(st.integers(3 if layout == "NCX" else 2, 5))
+    shape = tuple(draw(st.integers(1, 9)) for _ in range(rank))
+    return layout, shape, draw(st.sampled_from(["static", "batch", "all"])), draw(st.sampled_from([F32, BF16])), \
+        draw(st.booleans())
+
+
+@given(case=_small_cases())
+def test_every_stage_and_conv_form_on_small_shapes(case):
+    """With the thresholds shrunk (rows of 4, stages from 8 elements, Conv forms from 4 per sample), small
+    random shapes take every branch of the staged sums, the axis cutting and both Conv forms; each result
+    against the float64 formula."""
+    from unittest import mock
+
+    import lowering.bn_emit as bn_emit
+
+    layout, shape, symbolic, io_type, internal = case
+    channel_axis = 1 if layout == "NCX" else len(shape) - 1
+    # with a handful of elements per channel diff_src is ~0 (x's centred values and dy's nearly span the same
+    # line) and an error relative to its own size says nothing
+    assume(math.prod(shape) // shape[channel_axis] >= 8)
+    with mock.patch.multiple(bn_emit, DOT_ROW_MAX=4, STAGED_SUMS_FROM=8, CONV_MIN_SPATIAL=4):
+        check(shape, channel_axis=channel_axis, io_type=io_type, symbolic=symbolic == "all",
+              symbolic_batch=symbolic == "batch", internal=internal, tol=2e-6 if io_type == F32 else None)

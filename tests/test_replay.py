@@ -327,8 +327,10 @@ def _random_models(draw):
     model = _model(nodes, inputs, outputs)
     if draw(st.booleans()):  # every type declared: then only the key's flags tell the nodes apart
         declared = {o.name for o in outputs}
+        produced = {o for n in nodes for o in n.output}
         for i, (shape, elem) in enumerate(kinds):
-            model.graph.value_info.extend(v for v in _outputs(i, shape, elem) if v.name not in declared)
+            model.graph.value_info.extend(v for v in _outputs(i, shape, elem)
+                                          if v.name in produced and v.name not in declared)
     return model
 
 

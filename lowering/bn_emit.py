@@ -302,9 +302,10 @@ class _Fast:
         for axis in range(1 + len(factors), 1, -1):
             t = e.reduce_sum(t, (axis,), keepdims=0)
         n = self.static_dim(0)  # [N, C] left
-        if n is not None and len(_cut([n])) > 1:
-            t = b.op1("Reshape", [t, e.ints(_cut([n]) + [-1])])
-            for axis in range(len(_cut([n])) - 1, 0, -1):
+        batch = _cut([n]) if n is not None else [n]
+        if len(batch) > 1:
+            t = b.op1("Reshape", [t, e.ints(batch + [-1])])
+            for axis in range(len(batch) - 1, 0, -1):
                 t = e.reduce_sum(t, (axis,), keepdims=0)
         return e.reduce_sum(t, (0,), keepdims=0, output=output)
 
@@ -433,13 +434,14 @@ class _Fast:
         coef_b = b.op1("Mul", [b.op1("Mul", [a_m, inv]), dgamma])
         coef_c = b.op1("Mul", [a_m, s1])
         ady = b.op1("Mul", [dy, bcast(a)])
-        if self.conv_channels() is not None:
+        channels = self.conv_channels()
+        if channels is not None:
             # b*xc + c as a 1x1 depthwise Conv with bias; onnxruntime fuses it with the Add that follows into
             # one FusedConv writing into ady's buffer (BatchNormalization runs on one thread). Only where the
             # Add's result is no graph output (f16/bf16: the Cast reads it): into a caller-owned buffer the
             # fusion copies ady first and gains nothing.
             w = b.op1("Reshape", [coef_b, e.ints([-1] + [1] * (p.rank - 1))])
-            v = b.op1("Conv", [xc, w, coef_c], group=self.conv_channels())
+            v = b.op1("Conv", [xc, w, coef_c], group=channels)
             self.final(restore, low, "Add", [(ady, True), (v, True)])
         elif self.dx_form == "affine":
             zeros = b.op1("Sub", [coef_c, coef_c])

@@ -10,9 +10,10 @@ from collections.abc import Iterable, Mapping
 import onnx
 
 from opdef.graphs import GraphLike, all_graphs, all_nodes, model_graphs, subgraphs
+from opdef.model_verify import infer_shapes
 from opdef.node import TensorType
 from opdef.registry import Registry
-from opdef.verify import infer_shapes, tensor_type_from_proto
+from opdef.verify import tensor_type_from_proto
 
 FunctionKey = tuple[str, str, str]  # (domain, name, overload), as a calling node spells it
 

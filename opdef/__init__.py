@@ -19,8 +19,9 @@ __all__ = [
     "detect_dialect", "load_schemas", "parse_spec", "parse_spec_text",
 ]
 
+from opdef.model_verify import InvalidNodes, verify_model  # noqa: E402
 from opdef.node import NodeInference, TensorType  # noqa: E402
 from opdef.onnx_defs import register_onnx_schemas  # noqa: E402
-from opdef.verify import InvalidNodes, infer_node, verify_model  # noqa: E402
+from opdef.verify import infer_node  # noqa: E402
 
 __all__ += ["InvalidNodes", "NodeInference", "TensorType", "infer_node", "register_onnx_schemas", "verify_model"]

@@ -23,7 +23,7 @@ from opdef.errors import SpecError, VerificationError
 from opdef.registry import Entry, Registry, load_schemas
 from opdef.schema import Argument, Attribute
 from opdef.types import ONNX_ELEM_TYPE, TYPE_CLASSES, normalize_type
-from opdef.verify import infer_with_schema, onnx_attribute_kind, tensor_type_to_proto
+from opdef.verify import infer_with_schema, onnx_attribute_kind, tensor_type_from_proto, tensor_type_to_proto
 
 __all__ = ["lenient_inference", "register_onnx_schemas", "to_onnx_schema", "unregister_onnx_schemas"]
 
@@ -201,7 +201,6 @@ def _inference_function(domain: str, op_type: str, version: int):
 
 def _node_from_context(ctx, entry: Entry):
     """A stand-in NodeProto for the verifier: onnx's context gives types and attributes, not value names."""
-    from opdef.verify import tensor_type_from_proto
 
     inputs, value_types = [], {}
     for i in range(ctx.get_num_inputs()):

@@ -18,8 +18,8 @@ from bad_inputs.models import CASES
 from lowering.modelio import load_model
 from lowering.passes import lower_model
 from opdef.errors import ModelError, OplowerError
+from opdef.model_verify import verify_model
 from opdef.registry import load_schemas
-from opdef.verify import verify_model
 
 
 def _pipeline(path):

@@ -12,8 +12,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from lowering.bn_emit import BatchNormBackwardPlan, emit_batch_norm_backward
 from lowering.builder import NodeBuilder
+from lowering.rules.batch_norm_backward.emit import BatchNormBackwardPlan, emit_batch_norm_backward
 from runtime.reference import batch_norm_backward as reference
 from runtime.session import run_model
 
@@ -189,7 +189,7 @@ def test_nothing_requested_emits_nothing():
 @pytest.mark.parametrize("layout", ["NCX", "NXC"])
 @pytest.mark.parametrize("io_type", [F32, BF16])
 def test_every_dx_formulation(monkeypatch, form, layout, io_type):
-    import lowering.bn_emit as bn_emit
+    import lowering.rules.batch_norm_backward.emit as bn_emit
 
     monkeypatch.setitem(bn_emit.DX_FORM, layout, form)
     check((4, 6, 5, 3) if layout == "NCX" else (4, 5, 3, 6), channel_axis=1 if layout == "NCX" else 3,
@@ -206,8 +206,8 @@ def test_depthwise_conv_form(io_type, internal, shape, offset):
     """NCX with >= CONV_MIN_SPATIAL elements per (sample, channel) and the sum no graph output (f16/bf16,
     or f32 diff_src that other nodes read): b*xc + c is a depthwise Conv; diff_src stays within 2e-6 of its
     scale (f32) or one unit in the last place of the float64 result rounded (f16/bf16), |mean|/std 1e4 too."""
-    from lowering.bn_emit import CONV_MIN_SPATIAL
     from lowering.numerics import compare
+    from lowering.rules.batch_norm_backward.emit import CONV_MIN_SPATIAL
 
     assert int(np.prod(shape[2:])) >= CONV_MIN_SPATIAL
     model, got, want = check(shape, channel_axis=1, io_type=io_type, offset=offset, internal=internal,
@@ -360,7 +360,7 @@ def test_every_stage_and_conv_form_on_small_shapes(case):
     against the float64 formula (the tight f32 bound on long sums is test_long_sums_stay_within_f32_tolerance)."""
     from unittest import mock
 
-    import lowering.bn_emit as bn_emit
+    import lowering.rules.batch_norm_backward.emit as bn_emit
 
     layout, shape, symbolic, io_type, internal = case
     channel_axis = 1 if layout == "NCX" else len(shape) - 1

@@ -22,7 +22,7 @@ import onnx
 import pytest
 
 from lowering.cli import main
-from lowering.examples import BnCase, build_example
+from lowering.demo.examples import BnCase, build_example
 from opdef.registry import default_spec_dir, load_schemas
 
 ONEDNN = ("onednn", "BatchNormTrainingBackward")

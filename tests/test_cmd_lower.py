@@ -11,7 +11,7 @@ from onnx import TensorProto
 
 import lowering.passes
 from lowering.cli import main
-from lowering.examples import BnCase, build_example
+from lowering.demo.examples import BnCase, build_example
 from lowering.numerics import compare
 from opdef.registry import load_schemas
 from runtime.session import run_model

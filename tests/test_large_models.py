@@ -22,7 +22,7 @@ import pytest
 from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
 from lowering.cli import main
-from lowering.examples import BnCase, build_example
+from lowering.demo.examples import BnCase, build_example
 from lowering.modelio import load_model
 from lowering.numerics import compare
 from lowering.passes import lower_model

@@ -19,7 +19,7 @@ from onnx_ir.traversal import RecursiveGraphIterator
 import lowering.compat
 from lowering import LowerCustomOpsPass, lower_model, lower_model_with_report
 from lowering.builder import NodeBuilder
-from lowering.examples import BnCase, build_example
+from lowering.demo.examples import BnCase, build_example
 from lowering.numerics import compare
 from lowering.rules import LoweringRequest, register_rule, rule_for, unregister_rule
 from opdef.errors import LoweringError, VerificationError

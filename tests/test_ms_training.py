@@ -21,9 +21,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-import lowering.batch_norm_internal  # noqa: F401  (registers the lowering rule "batch_norm_internal")
-from lowering.batch_norm_internal import BatchNormInternalPlan, emit_batch_norm_internal
+import lowering.rules.batch_norm_internal  # noqa: F401  (registers the lowering rule "batch_norm_internal")
 from lowering.builder import NodeBuilder
+from lowering.rules.batch_norm_internal import BatchNormInternalPlan, emit_batch_norm_internal
 from opdef.errors import VerificationError
 from opdef.node import TensorType
 from opdef.parse import parse_spec

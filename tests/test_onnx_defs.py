@@ -26,8 +26,8 @@ from onnx import TensorProto, helper
 
 from opdef import load_schemas
 from opdef.errors import ModelError, OplowerError, VerificationError
+from opdef.model_verify import InvalidNodes, verify_model
 from opdef.onnx_defs import register_onnx_schemas, to_onnx_schema
-from opdef.verify import InvalidNodes, verify_model
 
 REGISTRY = load_schemas()
 register_onnx_schemas(REGISTRY)

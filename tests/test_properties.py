@@ -19,14 +19,14 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from lowering.examples import BnCase, build_example
+from lowering.demo.examples import BnCase, build_example
 from lowering.modelio import load_model
 from lowering.numerics import compare
 from lowering.passes import lower_model
 from opdef.errors import OplowerError, SpecError
+from opdef.model_verify import verify_model
 from opdef.parse import parse_spec
 from opdef.registry import default_spec_dir, load_schemas
-from opdef.verify import verify_model
 from runtime.session import run_model
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16

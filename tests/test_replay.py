@@ -240,7 +240,7 @@ def test_the_key_includes_which_outputs_are_graph_outputs():
 def test_a_lowering_with_subgraphs_is_never_copied(monkeypatch):
     """A rule whose If branches read the node's input by name from the outer graph: a renamed copy would
     keep reading the first node's value, so each node is lowered afresh."""
-    import lowering.batch_norm_backward  # noqa: F401  (the real rule registered first)
+    import lowering.rules.batch_norm_backward  # noqa: F401  (the real rule registered first)
     from lowering import rules
 
     def rule(b, request):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import pkgutil
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -244,15 +245,22 @@ def rule_for(key: str) -> Rule | None:
 
 
 def import_rule_module(package: str, key: str) -> None:
-    """Import ``<package>.<key>`` if it exists (importing registers the rule it defines); a rule key that
-    is no module name, or a module that does not exist, is simply no rule."""
-    if not key.isidentifier():
-        return
-    try:
-        importlib.import_module(f"{package}.{key}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{package}.{key}":
-            raise
+    """Import the module that registers rule ``key`` of ``package`` (``opdef.rules``, ``lowering.rules``).
+
+    A rule lives in ``<package>.<key>`` (a module or a subpackage), or, for an op family whose module
+    registers several rules, in any module of the package: when ``<package>.<key>`` does not exist, every
+    module of the package is imported (importing registers; Python imports a module once). A key that is no
+    module name, or that no module registers, is simply no rule.
+    """
+    if key.isidentifier():
+        try:
+            importlib.import_module(f"{package}.{key}")
+            return
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{package}.{key}":
+                raise
+    for module in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        importlib.import_module(f"{package}.{module.name}")
 
 
 def bound_roles(ctx: NodeContext) -> dict[str, str]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto, helper
 
-from lowering.examples import BnCase, build_example
+from lowering.demo.examples import BnCase, build_example
 from opdef.errors import LoweringError, ModelError, OplowerError, VerificationError
 from opdef.registry import load_schemas
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import onnx
 from onnx import TensorProto
 
-from lowering.examples import BnCase, build_example, case_geometry
+from lowering.demo.examples import BnCase, build_example, case_geometry
 from lowering.numerics import compare
 from lowering.passes import lower_model_with_report
 from opdef.registry import Registry, load_schemas

@@ -1,4 +1,5 @@
-"""The explicit registry of lowering rules, keyed by ``Binding.rule`` (e.g. ``"batch_norm_backward"``).
+"""The explicit registry of lowering rules, keyed by ``Binding.rule`` (e.g. ``"batch_norm_backward"``), and
+the rule modules themselves, one per op family (``lowering/rules/<family>.py`` or a subpackage).
 
 A rule is one plain function ``rule(builder, request) -> None`` that emits standard ONNX nodes into a
 :class:`~lowering.builder.NodeBuilder`. It never walks the graph: the pass matches the node, verifies it,
@@ -17,13 +18,14 @@ from opdef.rules.base import import_rule_module
 
 ONEDNN_SINGLE_OUTPUT = ("spec", "upstream")
 
-# A rule ``key`` lives in the module ``lowering.<key>`` (STYLE.md: lowering/<op>.py); it is imported on
-# first lookup, which registers it (once: Python imports a module once).
+# A rule ``key`` lives in ``lowering.rules.<key>`` (a module or subpackage), or in any module of this package
+# for a family that registers several rules (opdef.rules.base.import_rule_module); it is imported on first
+# lookup, which registers it (once: Python imports a module once).
 
 
 @dataclass(frozen=True)
 class LoweringOptions:
-    """Choices where the specs leave room; see :func:`lowering.batch_norm_backward.lower_batch_norm_backward`."""
+    """Choices where the specs leave room; see :func:`lowering.rules.batch_norm_backward.lower_batch_norm_backward`."""
 
     onednn_single_output: str = "spec"
 
@@ -88,7 +90,7 @@ def unregister_rule(key: str) -> None:
 
 def rule_for(key: str) -> Rule:
     if key not in _RULES:
-        import_rule_module("lowering", key)
+        import_rule_module("lowering.rules", key)
     try:
         return _RULES[key]
     except KeyError:

@@ -1,6 +1,6 @@
 """The ``oplower`` command line: a thin shell over the library.
 
-Each subcommand lives in its own module ``lowering.cmd_<name>`` exposing ``HELP``,
+Each subcommand lives in its own module ``lowering.cli.<name>`` exposing ``HELP``,
 ``add_arguments(parser)`` and ``run(args) -> int``. Errors of the project's hierarchy become one line
 on stderr and exit 1; usage errors exit 2; ``--debug`` shows tracebacks.
 """
@@ -19,9 +19,9 @@ COMMANDS = ("schema", "check", "lower", "run", "demo", "bench")
 def _available_commands():
     for name in COMMANDS:
         try:
-            yield name, importlib.import_module(f"lowering.cmd_{name}")
+            yield name, importlib.import_module(f"lowering.cli.{name}")
         except ModuleNotFoundError as exc:
-            if exc.name != f"lowering.cmd_{name}":
+            if exc.name != f"lowering.cli.{name}":
                 raise
 
 

@@ -2,14 +2,14 @@
 
 Every dialect of DESIGN.md section 4 arrives here as a :class:`~opdef.node.NodeInference` whose canonical
 roles (src, diff_dst, mean, variance | inv_std, gamma; diff_src, diff_gamma, diff_beta) the binding
-resolved. This module only decides the semantics; :mod:`lowering.bn_emit` does the math.
+resolved. This module only decides the semantics; :mod:`lowering.rules.batch_norm_backward.emit` does the math.
 """
 
 from __future__ import annotations
 
-from lowering.bn_emit import BatchNormBackwardPlan, emit_batch_norm_backward
 from lowering.builder import NodeBuilder
 from lowering.rules import LoweringRequest, register_rule
+from lowering.rules.batch_norm_backward.emit import BatchNormBackwardPlan, emit_batch_norm_backward
 from opdef.binding import Binding
 from opdef.errors import LoweringError
 from opdef.node import NodeInference, TensorType

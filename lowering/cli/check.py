@@ -7,9 +7,10 @@ import sys
 
 from lowering.modelio import InFile, load_model
 from opdef.errors import OplowerError
+from opdef.model_verify import InvalidNodes, verify_model
 from opdef.node import NodeInference
 from opdef.registry import load_schemas
-from opdef.verify import InvalidNodes, format_type, verify_model
+from opdef.verify import format_type
 
 HELP = "verify every custom node of a model and print each one's inferred output types and shapes"
 

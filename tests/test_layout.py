@@ -98,3 +98,19 @@ def test_rule_modules_live_in_the_rules_packages():
         text = path.read_text(encoding="utf-8")
         if "@register_rule(" in text:
             assert path.is_relative_to(ROOT / "lowering" / "rules"), path
+
+
+def test_a_family_module_may_register_several_rule_keys(tmp_path, monkeypatch):
+    """A rule key with no module of its name is found by importing the package's other modules."""
+    from opdef.rules.base import import_rule_module
+
+    pkg = tmp_path / "fam_rules"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("FOUND = set()\n")
+    (pkg / "pools.py").write_text("from fam_rules import FOUND\nFOUND.update({'max_pool_grad', 'avg_pool_grad'})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import_rule_module("fam_rules", "avg_pool_grad")
+    import fam_rules
+
+    assert fam_rules.FOUND == {"max_pool_grad", "avg_pool_grad"}
+    import_rule_module("fam_rules", "no such rule")  # no module, no error: simply no rule

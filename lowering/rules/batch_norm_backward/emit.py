@@ -63,7 +63,7 @@ class _Emitter(Emitter):
             return
         layout = self.fast_layout()
         if layout is not None:
-            _Fast(self, layout).emit()
+            self.fast(layout).emit()
             return
         frozen = p.statistics == "frozen"
 
@@ -118,6 +118,10 @@ class _Emitter(Emitter):
         else:
             dx = b.op1(dx_inputs[0], dx_inputs[1])
             self.finish("Reshape", [dx, restore], p.diff_src, p.io_type)
+
+    def fast(self, layout: str) -> _Fast:
+        """The formulation for a per-channel layout (the portable emitter substitutes its own)."""
+        return _Fast(self, layout)
 
     def fast_layout(self) -> str | None:
         """'NCX' / 'NXC' when the tuned formulations apply (per-channel [C] stats, channel axis 1 or last)."""

@@ -27,7 +27,7 @@ from lowering import graphs, ir_bridge
 from lowering.builder import NodeBuilder
 from lowering.compat import runtime_ir_version
 from lowering.modelio import check_structure
-from lowering.rules import LoweringOptions, LoweringRequest, check_target, rule_for
+from lowering.rules import LoweringOptions, LoweringRequest, check_portable, check_target, rule_for
 from opdef.errors import LoweringError
 from opdef.graphs import model_nodes, subgraphs
 from opdef.node import NodeInference, TensorType
@@ -311,6 +311,7 @@ class _Lowering:
             request = LoweringRequest(inference, wanted, self.options, graph_outputs)
             check_target(inference.binding.rule, request)
             rule_for(inference.binding.rule)(builder, request)
+            check_portable(request, (n.op_type for n in builder.nodes))
             live, produced = _checked_live(node, builder, wanted, scope.constant_names)
             dead = [i for i in range(len(builder.nodes)) if i not in live]
             for i in reversed(dead):

@@ -8,7 +8,7 @@ hands the rule a :class:`LoweringRequest` and splices what the rule emitted in p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from lowering.builder import NodeBuilder
@@ -21,6 +21,16 @@ ONEDNN_SINGLE_OUTPUT = ("spec", "upstream")
 # parameters, Conv with runtime-tensor weights) or "portable" (only ops whose every data input may be a runtime
 # tensor in any conforming runtime: elementwise arithmetic, Reduce*, Reshape, Cast, MatMul ...).
 TARGETS = ("onnxruntime", "portable")
+# The op types a rule may emit for the portable target (the pass checks): every data input of each may be a
+# runtime tensor in any conforming runtime. Not here on purpose: Conv/ConvTranspose (TensorRT and converters
+# want constant weights), BatchNormalization (tract wants constant parameters).
+PORTABLE_OPS = frozenset({
+    "Abs", "Add", "Sub", "Mul", "Div", "Neg", "Reciprocal", "Sqrt", "Pow", "Exp", "Log", "Max", "Min", "Where",
+    "Equal", "Less", "Greater", "Not", "And", "Or", "Identity", "Cast", "CastLike", "MatMul",
+    "ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceProd", "ReduceMax", "ReduceMin",
+    "Reshape", "Shape", "Size", "Slice", "Concat", "Gather", "Squeeze", "Unsqueeze", "Transpose", "Expand",
+    "ConstantOfShape", "Constant",
+})
 
 # A rule ``key`` lives in ``lowering.rules.<key>`` (a module or subpackage), or in any module of this package
 # for a family that registers several rules (opdef.rules.base.import_rule_module); it is imported on first
@@ -111,6 +121,18 @@ def rule_targets(key: str) -> tuple[str, ...]:
     """The targets the rule registered under ``key`` emits for."""
     rule_for(key)
     return _TARGETS[key]
+
+
+def check_portable(request: LoweringRequest, op_types: Iterable[str]) -> None:
+    """A LoweringError naming the node when a rule emitted, for the portable target, an op outside
+    :data:`PORTABLE_OPS` (a rule that claims a portable form it does not have)."""
+    if request.options.target != "portable":
+        return
+    other = sorted(set(op_types) - PORTABLE_OPS)
+    if other:
+        node = request.inference
+        raise LoweringError(f"{node.domain} {node.op_type} '{node.node_name}': the portable lowering emitted "
+                            f"{', '.join(other)}, which not every runtime runs with computed inputs")
 
 
 def check_target(key: str, request: LoweringRequest) -> None:

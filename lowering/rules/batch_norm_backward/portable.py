@@ -9,20 +9,14 @@ What ``emit.py`` chooses for onnxruntime and what this module replaces:
 Everything else (casts up and down once, the views, the staged ReduceSum / MatMul-with-ones sums, the
 generic path for other layouts) is shared: those ops take runtime tensors in every conforming runtime
 (tract refuses BatchNormalization whose parameters are not constants; TensorRT and converters want constant
-Conv weights). ``tests/test_portable.py`` checks the emitted op set, so a new onnxruntime-only form in
-``emit.py`` that leaks here fails there.
+Conv weights). The pass checks every portable lowering against ``lowering.rules.PORTABLE_OPS``, so a new
+onnxruntime-only form in ``emit.py`` that leaks here is an error, not a silently unportable model.
 """
 
 from __future__ import annotations
 
 from lowering.builder import NodeBuilder
 from lowering.rules.batch_norm_backward.emit import BatchNormBackwardPlan, _Emitter, _Fast
-
-# The op types the portable lowering may emit: every data input of each may be a runtime tensor.
-PORTABLE_OPS = frozenset({
-    "Add", "Sub", "Mul", "Div", "Neg", "Reciprocal", "Sqrt", "Identity", "Cast",
-    "ReduceSum", "ReduceProd", "MatMul", "Reshape", "Shape", "Slice", "Concat", "ConstantOfShape", "Constant",
-})
 
 
 class _PortableFast(_Fast):
@@ -44,5 +38,5 @@ class _PortableEmitter(_Emitter):
 
 
 def emit_batch_norm_backward_portable(b: NodeBuilder, plan: BatchNormBackwardPlan) -> None:
-    """Emit nodes into ``b`` computing the requested outputs of ``plan`` with :data:`PORTABLE_OPS` only."""
+    """Emit nodes into ``b`` computing the requested outputs of ``plan`` with portable ops only."""
     _PortableEmitter(b, plan).emit()

@@ -328,6 +328,7 @@ def machine() -> dict:
 def run_bench(*, quick: bool = False, shapes: tuple[tuple[int, int], ...] | None = None, batch: int = BATCH,
               reps: int | None = None, layouts=("NCX", "NXC"), dtypes=("f32", "bf16", "f16"),
               pass_nodes: tuple[int, ...] | None = None, use_torch: bool = True, target: str = "onnxruntime",
+              runtimes: bool = False,
               progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     shapes = shapes or (QUICK if quick else RESNET50)
     reps = reps or (7 if quick else 11)
@@ -360,6 +361,14 @@ def run_bench(*, quick: bool = False, shapes: tuple[tuple[int, int], ...] | None
                 in_graph.append(row)
                 extra = f", torch + sum {row['torch_ms']:.2f} ms ({row['vs_torch']:.2f}x)" if row["torch_ms"] else ""
                 progress(f"    {row['ms']:.2f} ms{extra}")
+    runtime_rows = []
+    if runtimes:  # one layer (64x56x56 where it is in the workload) in every runtime at hand
+        from lowering.bench.runtimes import time_runtimes
+
+        channels, size = (64, 56) if (64, 56) in shapes else shapes[0]
+        for layout in layouts:
+            progress(f"[runtimes] {layout} f32 {channels}x{size}x{size} batch {batch}, target {target}")
+            runtime_rows += time_runtimes(layout, channels, size, batch, reps, target)
     progress("timing the pass ...")
     passes = time_pass(pass_nodes)
     for row in passes:
@@ -379,7 +388,8 @@ def run_bench(*, quick: bool = False, shapes: tuple[tuple[int, int], ...] | None
     return {"machine": machine(), "target": target, "torch": getattr(torch, "__version__", None),
             "copy_gbps": bandwidth,
             "batch": batch, "reps": reps, "cases": [asdict(c) for c in cases], "in_graph": in_graph,
-            "summary": summary, "pass": passes}
+            "summary": summary, "pass": passes,
+            "runtimes": runtime_rows}
 
 
 def _geomean(values: list[float]) -> float | None:
@@ -420,4 +430,7 @@ def markdown(result: dict) -> str:
         lines.append(f"| {row['nodes']} | {row['lower_ms']:.1f} | {row['ms_per_node']:.3f} | "
                      f"{row['distinct_ms_per_node']:.3f} | "
                      f"{row['lowered_nodes']} | {session} |")
+    from lowering.bench.runtimes import markdown as runtimes_markdown
+
+    lines += runtimes_markdown(result.get("runtimes", []))
     return "\n".join(lines)

@@ -366,3 +366,30 @@ def test_a_rule_that_claims_portability_but_emits_conv_is_caught(monkeypatch):
             lower_model(model, registry=registry, target="portable")
     finally:
         unregister_rule("test_liar_rule")
+
+
+def test_cli_lower_portable_without_a_portable_rule_is_one_line_exit_1(monkeypatch, tmp_path, capsys):
+    """`oplower lower --target portable` on a node whose rule has no portable form: exit 1, one line naming
+    file, node and problem, no output file."""
+    import dataclasses
+
+    from lowering.cli import main
+
+    registry = load_schemas()  # the CLI's registry: parsed once per directory
+    entry = registry.get(*NGRAPH)
+    only_ort = dataclasses.replace(entry, binding=dataclasses.replace(entry.binding, rule="test_ort_only_cli"))
+    monkeypatch.setitem(registry._entries, NGRAPH, only_ort)
+
+    @register_rule("test_ort_only_cli")
+    def ort_only(builder: NodeBuilder, request: LoweringRequest) -> None:
+        raise AssertionError("never called for the portable target")
+
+    try:
+        source, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
+        onnx.save(build_example([BnCase(NGRAPH, (2, 3, 4), name="ng9")], registry).model, source)
+        assert main(["lower", str(source), "-o", str(out), "--target", "portable"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(source) in err[0] and "'ng9': no portable lowering" in err[0], err
+        assert "Traceback" not in err[0] and not out.exists()
+    finally:
+        unregister_rule("test_ort_only_cli")

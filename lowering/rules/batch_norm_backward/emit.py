@@ -276,7 +276,7 @@ class _Fast:
             return None
         return list(p.src_shape)
 
-    def channel_sum(self, t: str, rows: list[tuple[str, str | None]] | None, output: str | None) -> str:
+    def channel_sum(self, t: str, rows: list[tuple[str, str | None]] | None) -> str:
         """Per-channel sum of a viewed tensor as a [C] vector, in stages along the axes, never one long
         running sum (where the count per channel reaches STAGED_SUMS_FROM).
 
@@ -422,7 +422,7 @@ class _Fast:
         rows = self.ones_row() if (need_s1 or need_s2) else None
         s1 = s2 = xc = x = mean = dgamma = None
         if need_s1:
-            s1 = self.channel_sum(dy, rows, None)
+            s1 = self.channel_sum(dy, rows)
             if wants_db:
                 e.cast(s1, vt, p.stat_type, p.diff_beta)
         if need_s2:
@@ -433,7 +433,7 @@ class _Fast:
             if pieces is not None:
                 s2 = self.conv_dot(dy, xc, pieces)
             else:
-                s2 = self.channel_sum(b.op1("Mul", [dy, xc]), rows, None)
+                s2 = self.channel_sum(b.op1("Mul", [dy, xc]), rows)
             dgamma = b.op1("Mul", [inv, s2])
             if wants_dg:
                 e.cast(dgamma, vt, p.stat_type, p.diff_gamma)

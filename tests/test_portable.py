@@ -59,10 +59,8 @@ def _cases(dtype: str) -> list[BnCase]:
         BnCase(ONEDNN, (2, 6, 6, 4), layout="NXC", io_type=io, stat_type=stat, name="onednn_nxc", seed=2),
         BnCase(NGRAPH, (2, 4, 5), io_type=io, name="ngraph", seed=4),
         BnCase(MS_GRAD, (2, 4, 5, 5), io_type=io, name="ms_grad", seed=5),
+        BnCase(OPSET_V0, (2, 4, 6, 6), layout="NXC", io_type=io, stat_type=stat, name="opset_v0", seed=3),
     ]
-    if dtype != "f16":
-        cases.append(BnCase(OPSET_V0, (2, 4, 6, 6), layout="NXC", io_type=io, stat_type=stat, name="opset_v0",
-                            seed=3))
     if dtype != "bf16":  # DirectML: f32 and f16 only
         cases += [BnCase(DIRECTML, (2, 4, 3, 3), io_type=io, name="directml", seed=6),
                   BnCase(DIRECTML, (2, 4, 3, 3), io_type=io, reduce_axes=(0, 2), name="directml_axes", seed=7)]

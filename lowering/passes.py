@@ -27,7 +27,7 @@ from lowering import graphs, ir_bridge
 from lowering.builder import NodeBuilder
 from lowering.compat import runtime_ir_version
 from lowering.modelio import check_structure
-from lowering.rules import LoweringOptions, LoweringRequest, rule_for
+from lowering.rules import LoweringOptions, LoweringRequest, check_portable, check_target, rule_for
 from opdef.errors import LoweringError
 from opdef.graphs import model_nodes, subgraphs
 from opdef.node import NodeInference, TensorType
@@ -64,10 +64,11 @@ class LowerCustomOpsPass(InPlacePass):
     a proto and its graph and functions swapped back into the given ``ir.Model``.
     """
 
-    def __init__(self, registry: Registry | None = None, *, onednn_single_output: str = "spec") -> None:
+    def __init__(self, registry: Registry | None = None, *, onednn_single_output: str = "spec",
+                 target: str = "onnxruntime") -> None:
         super().__init__()
         self.registry = registry
-        self.options = LoweringOptions(onednn_single_output=onednn_single_output)
+        self.options = LoweringOptions(onednn_single_output=onednn_single_output, target=target)
         self.report = LoweringReport()
 
     def call(self, model: ir.Model) -> PassResult:
@@ -94,15 +95,19 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def lower_model(model: ModelT, *, registry: Registry | None = None, onednn_single_output: str = "spec") -> ModelT:
+def lower_model(model: ModelT, *, registry: Registry | None = None, onednn_single_output: str = "spec",
+                target: str = "onnxruntime") -> ModelT:
     """Lower every custom node of ``model``: ``onnx.ModelProto`` in, a new ``ModelProto`` out (the input
-    is not modified); ``onnx_ir.Model`` in, the same ``onnx_ir.Model`` out, lowered in place."""
-    return lower_model_with_report(model, registry=registry, onednn_single_output=onednn_single_output)[0]
+    is not modified); ``onnx_ir.Model`` in, the same ``onnx_ir.Model`` out, lowered in place. ``target``:
+    "onnxruntime" (tuned for its CPU provider) or "portable" (ops any conforming runtime runs with runtime
+    tensors as every data input; see lowering.rules.TARGETS)."""
+    return lower_model_with_report(model, registry=registry, onednn_single_output=onednn_single_output,
+                                   target=target)[0]
 
 
-def lower_model_with_report(model: ModelT, *, registry: Registry | None = None,
-                            onednn_single_output: str = "spec") -> tuple[ModelT, LoweringReport]:
-    lowering_pass = LowerCustomOpsPass(registry, onednn_single_output=onednn_single_output)
+def lower_model_with_report(model: ModelT, *, registry: Registry | None = None, onednn_single_output: str = "spec",
+                            target: str = "onnxruntime") -> tuple[ModelT, LoweringReport]:
+    lowering_pass = LowerCustomOpsPass(registry, onednn_single_output=onednn_single_output, target=target)
     if isinstance(model, ir.Model):
         lowering_pass(model)
         return model, lowering_pass.report
@@ -282,8 +287,9 @@ class _Lowering:
         inference, verified_names, key = self._infer(node, self._value_types(node, scope))
         wanted = frozenset(name for name in node.output if name in scope.reads)
         graph_outputs = frozenset(name for name in node.output if name in scope.outputs)
-        replay_key = (key, tuple(name in wanted for name in node.output), tuple(map(graph_outputs.__contains__,
-                                                                                 node.output)))
+        # the options (target included) are part of the key: what a rule emits depends on them
+        replay_key = (key, self.options, tuple(name in wanted for name in node.output),
+                      tuple(map(graph_outputs.__contains__, node.output)))
         out = scope.graph.node
         prefix = node.name or node.op_type
         # a prefix no model name starts with ("<prefix>/...") is numbered on across nodes, never looked up
@@ -302,8 +308,10 @@ class _Lowering:
             start = len(out)
             if verified_names is not None:
                 inference = _renamed(inference, verified_names, node)
-            rule_for(inference.binding.rule)(builder, LoweringRequest(inference, wanted, self.options,
-                                                                      graph_outputs))
+            request = LoweringRequest(inference, wanted, self.options, graph_outputs)
+            check_target(inference.binding.rule, request)
+            rule_for(inference.binding.rule)(builder, request)
+            check_portable(request, (n.op_type for n in builder.nodes))
             live, produced = _checked_live(node, builder, wanted, scope.constant_names)
             dead = [i for i in range(len(builder.nodes)) if i not in live]
             for i in reversed(dead):

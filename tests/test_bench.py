@@ -7,6 +7,7 @@ import json
 import numpy as np
 
 from lowering import bench
+from lowering.bench import runtimes as bench_runtimes
 from lowering.cli import main
 
 
@@ -61,3 +62,22 @@ def test_read_by_a_node_makes_diff_src_internal():
     feeds = {"src": x, "diff_dst": x[::-1].copy(), "mean": x.mean(axis=(0, 2, 3)), "variance": vec, "gamma": vec}
     np.testing.assert_allclose(run_model(read, feeds)["dx_sum"], run_model(plain, feeds)["diff_src_0"].sum(),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_bench_runtimes_table_for_both_targets(tmp_path, capsys):
+    """--runtimes: a row per runtime; tract refuses the onnxruntime target (computed BatchNormalization
+    parameters) and runs the portable one; the others run both."""
+    for target in ("onnxruntime", "portable"):
+        out = tmp_path / f"{target}.json"
+        assert main(["bench", "--shapes", "tiny", "--no-torch", "--runtimes", "--target", target,
+                     "--json", str(out)]) == 0
+        result = json.loads(out.read_text())
+        assert result["target"] == target
+        rows = {(r["runtime"], r["layout"]): r for r in result["runtimes"]}
+        assert set(rows) == {(rt, layout) for rt in bench_runtimes.RUNTIMES for layout in ("NCX", "NXC")}
+        for (runtime, _), row in rows.items():
+            if runtime == "tract" and target == "onnxruntime":
+                assert row["ms"] is None and "Params are not const" in row["status"]
+            else:
+                assert row["status"] == "ok" and row["ms"] > 0
+        assert "| runtime | target |" in capsys.readouterr().out

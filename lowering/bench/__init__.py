@@ -74,10 +74,11 @@ def onednn_model(shape: tuple[int, ...], layout: str, io_type: int, stat_type: i
     return model
 
 
-def lowered_model(shape, layout, io_type, stat_type=TensorProto.FLOAT, nodes=1) -> onnx.ModelProto:
+def lowered_model(shape, layout, io_type, stat_type=TensorProto.FLOAT, nodes=1,
+                  target: str = "onnxruntime") -> onnx.ModelProto:
     from lowering import lower_model
 
-    return lower_model(onednn_model(shape, layout, io_type, stat_type, nodes))
+    return lower_model(onednn_model(shape, layout, io_type, stat_type, nodes), target=target)
 
 
 def read_by_a_node(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -178,12 +179,12 @@ def _median_ms(times: list[float]) -> float:
 
 
 def time_case(layout: str, dtype: str, channels: int, size: int, batch: int, reps: int, bandwidth: float,
-              torch=None) -> CaseResult:
+              torch=None, target: str = "onnxruntime") -> CaseResult:
     from runtime.session import PreparedModel
 
     shape = (batch, channels, size, size) if layout == "NCX" else (batch, size, size, channels)
     io_type = DTYPES[dtype]
-    model = lowered_model(shape, layout, io_type)
+    model = lowered_model(shape, layout, io_type, target=target)
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape, dtype=np.float32).astype(NP_DTYPES[dtype])
     dy = rng.standard_normal(shape, dtype=np.float32).astype(NP_DTYPES[dtype])
@@ -209,14 +210,15 @@ def time_case(layout: str, dtype: str, channels: int, size: int, batch: int, rep
     return result
 
 
-def time_in_graph(layout: str, channels: int, size: int, batch: int, reps: int, torch=None) -> dict:
+def time_in_graph(layout: str, channels: int, size: int, batch: int, reps: int, torch=None,
+                  target: str = "onnxruntime") -> dict:
     """f32, diff_src read by a ReduceSum (:func:`read_by_a_node`; the lowering then may work in place, see
     lowering/bn_emit.py) against torch's backward followed by ``.sum()`` of its diff_src."""
     from lowering import lower_model
     from runtime.session import PreparedModel
 
     shape = (batch, channels, size, size) if layout == "NCX" else (batch, size, size, channels)
-    model = lower_model(read_by_a_node(onednn_model(shape, layout, TensorProto.FLOAT)))
+    model = lower_model(read_by_a_node(onednn_model(shape, layout, TensorProto.FLOAT)), target=target)
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape, dtype=np.float32)
     dy = rng.standard_normal(shape, dtype=np.float32)
@@ -325,7 +327,8 @@ def machine() -> dict:
 
 def run_bench(*, quick: bool = False, shapes: tuple[tuple[int, int], ...] | None = None, batch: int = BATCH,
               reps: int | None = None, layouts=("NCX", "NXC"), dtypes=("f32", "bf16", "f16"),
-              pass_nodes: tuple[int, ...] | None = None, use_torch: bool = True,
+              pass_nodes: tuple[int, ...] | None = None, use_torch: bool = True, target: str = "onnxruntime",
+              runtimes: bool = False,
               progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     shapes = shapes or (QUICK if quick else RESNET50)
     reps = reps or (7 if quick else 11)
@@ -345,7 +348,7 @@ def run_bench(*, quick: bool = False, shapes: tuple[tuple[int, int], ...] | None
         for dtype in dtypes:
             for channels, size in shapes:
                 progress(f"[{len(cases) + 1}/{total}] {layout} {dtype} {channels}x{size}x{size} batch {batch}")
-                r = time_case(layout, dtype, channels, size, batch, reps, bandwidth, torch)
+                r = time_case(layout, dtype, channels, size, batch, reps, bandwidth, torch, target)
                 cases.append(r)
                 extra = f", torch {r.torch_ms:.2f} ms ({r.vs_torch:.2f}x)" if r.torch_ms else ""
                 progress(f"    {r.ms:.2f} ms, {r.gbps:.1f} GB/s, {r.vs_bound:.2f}x bound{extra}")
@@ -354,10 +357,18 @@ def run_bench(*, quick: bool = False, shapes: tuple[tuple[int, int], ...] | None
         for layout in layouts:
             for channels, size in shapes:
                 progress(f"[in a graph] {layout} f32 {channels}x{size}x{size} batch {batch}, diff_src read by a node")
-                row = time_in_graph(layout, channels, size, batch, reps, torch)
+                row = time_in_graph(layout, channels, size, batch, reps, torch, target)
                 in_graph.append(row)
                 extra = f", torch + sum {row['torch_ms']:.2f} ms ({row['vs_torch']:.2f}x)" if row["torch_ms"] else ""
                 progress(f"    {row['ms']:.2f} ms{extra}")
+    runtime_rows = []
+    if runtimes:  # one layer (64x56x56 where it is in the workload) in every runtime at hand
+        from lowering.bench.runtimes import time_runtimes
+
+        channels, size = (64, 56) if (64, 56) in shapes else shapes[0]
+        for layout in layouts:
+            progress(f"[runtimes] {layout} f32 {channels}x{size}x{size} batch {batch}, target {target}")
+            runtime_rows += time_runtimes(layout, channels, size, batch, reps, target)
     progress("timing the pass ...")
     passes = time_pass(pass_nodes)
     for row in passes:
@@ -374,9 +385,11 @@ def run_bench(*, quick: bool = False, shapes: tuple[tuple[int, int], ...] | None
         sel = [r for r in in_graph if r["layout"] == layout]
         if sel and all(r["vs_torch"] for r in sel):
             summary[f"{layout}/f32 in a graph"] = {"geomean_vs_torch": _geomean([r["vs_torch"] for r in sel])}
-    return {"machine": machine(), "torch": getattr(torch, "__version__", None), "copy_gbps": bandwidth,
+    return {"machine": machine(), "target": target, "torch": getattr(torch, "__version__", None),
+            "copy_gbps": bandwidth,
             "batch": batch, "reps": reps, "cases": [asdict(c) for c in cases], "in_graph": in_graph,
-            "summary": summary, "pass": passes}
+            "summary": summary, "pass": passes,
+            "runtimes": runtime_rows}
 
 
 def _geomean(values: list[float]) -> float | None:
@@ -389,7 +402,7 @@ def markdown(result: dict) -> str:
     torch = result["torch"]
     lines = [f"Machine: {m['cpu']}, {m['cores']} cores; onnxruntime {m['onnxruntime']}; "
              f"copy bandwidth {result['copy_gbps']:.1f} GB/s; batch {result['batch']}, median of {result['reps']} "
-             f"runs; torch {torch or 'not installed'}.", "",
+             f"runs; torch {torch or 'not installed'}; target {result.get('target', 'onnxruntime')}.", "",
              "| layout | dtype | C×H×W | ms | GB/s | × bound | torch ms | × torch |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for c in result["cases"]:
@@ -417,4 +430,7 @@ def markdown(result: dict) -> str:
         lines.append(f"| {row['nodes']} | {row['lower_ms']:.1f} | {row['ms_per_node']:.3f} | "
                      f"{row['distinct_ms_per_node']:.3f} | "
                      f"{row['lowered_nodes']} | {session} |")
+    from lowering.bench.runtimes import markdown as runtimes_markdown
+
+    lines += runtimes_markdown(result.get("runtimes", []))
     return "\n".join(lines)

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from lowering.rules import TARGETS
 from opdef.errors import OplowerError
 
 HELP = "time the lowered batch-norm backward on the ResNet-50 layers (vs. memory bound and torch) and the pass"
@@ -19,6 +20,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="fewer shapes and runs (about 20 seconds)")
     p.add_argument("--json", metavar="FILE", type=Path, help="also write every number to FILE as JSON")
     p.add_argument("--no-torch", action="store_true", help="do not compare with torch even if it is importable")
+    p.add_argument("--target", choices=TARGETS, default="onnxruntime",
+                   help="which lowering to time in onnxruntime (default: onnxruntime, the tuned one)")
+    p.add_argument("--runtimes", action="store_true",
+                   help="also time the 64x56x56 layer (f32) in OpenVINO, tract and onnx.reference where installed")
     # test-only: a tiny workload that exercises the machinery in seconds
     p.add_argument("--shapes", choices=("resnet50", "quick", "tiny"), help=argparse.SUPPRESS)
 
@@ -34,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         kwargs = {"shapes": bench.RESNET50 if args.shapes == "resnet50" else bench.QUICK}
     if args.json is not None and not (args.json.parent if str(args.json.parent) else Path(".")).is_dir():
         raise OutputPathError(f"{args.json}: directory {args.json.parent} does not exist (checked before timing)")
-    result = bench.run_bench(quick=args.quick, use_torch=not args.no_torch, **kwargs)
+    result = bench.run_bench(quick=args.quick, use_torch=not args.no_torch, target=args.target, runtimes=args.runtimes,
+                             **kwargs)
     print(bench.markdown(result))
     if args.json:
         write_atomic(args.json, (json.dumps(result, indent=2) + "\n").encode())

@@ -13,7 +13,7 @@ import onnx
 from onnx import external_data_helper
 
 from lowering.modelio import InFile, copy_atomic, load_model, write_atomic
-from lowering.rules import ONEDNN_SINGLE_OUTPUT
+from lowering.rules import ONEDNN_SINGLE_OUTPUT, TARGETS
 from opdef.errors import ModelError, OplowerError
 
 HELP = "lower every custom node of MODEL into standard ONNX ops and write the result to OUT"
@@ -31,6 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--onednn-single-output", choices=ONEDNN_SINGLE_OUTPUT, default="spec",
                    help="oneDNN node with neither diff_gamma nor diff_beta: 'spec' ignores gamma (default); "
                         "'upstream' also uses frozen statistics, as oneDNN's implementation does")
+    p.add_argument("--target", choices=TARGETS, default="onnxruntime",
+                   help="'onnxruntime' (default): tuned for onnxruntime's CPU provider; 'portable': only ops "
+                        "every ONNX runtime runs with computed inputs (no Conv/BatchNormalization on computed "
+                        "weights or statistics)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     locations = _external_data_files(model, source.parent)  # checked before anything runs or is written
     try:
         lowered, report = lower_model_with_report(model, registry=registry,
-                                                  onednn_single_output=args.onednn_single_output)
+                                                  onednn_single_output=args.onednn_single_output,
+                                                  target=args.target)
     except OplowerError as exc:
         raise InFile(source, exc) from exc
     print(f"{source} -> {target}: {report.summary()}")

@@ -12,6 +12,7 @@ import numpy as np
 from onnx import TensorProto
 
 from lowering.modelio import load_model, write_atomic
+from lowering.rules import TARGETS
 from opdef.errors import LoweringError, OplowerError, RuntimeFailure
 from runtime.session import ValueSpec, find_custom_nodes, model_inputs, run_model
 
@@ -36,6 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--onednn-single-output", choices=("spec", "upstream"), default="spec",
                    help="oneDNN nodes requesting neither parameter gradient: ignore gamma as the spec says "
                         "(default), or also freeze the statistics as upstream oneDNN does")
+    p.add_argument("--target", choices=TARGETS, default="onnxruntime",
+                   help="'onnxruntime' (default): tuned for onnxruntime's CPU provider; 'portable': only ops "
+                        "every ONNX runtime runs with computed inputs (no Conv/BatchNormalization on computed "
+                        "weights or statistics)")
 
 
 def _positive_int(text: str) -> int:
@@ -62,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         from lowering import lower_model_with_report  # noqa: PLC0415 (onnx-ir only when needed)
 
         try:
-            runnable, report = lower_model_with_report(model, onednn_single_output=args.onednn_single_output)
+            runnable, report = lower_model_with_report(model, onednn_single_output=args.onednn_single_output,
+                                                         target=args.target)
         except OplowerError as exc:
             raise LoweringError(f"{model_path}: {exc}") from None
         print(report.summary())

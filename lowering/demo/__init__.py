@@ -34,15 +34,16 @@ DEMO_CASES = (
 )
 
 
-def run_demo(registry: Registry | None = None, echo: Callable[[str], None] = print) -> int:
+def run_demo(registry: Registry | None = None, echo: Callable[[str], None] = print,
+             target: str = "onnxruntime") -> int:
     """Returns 0 when every output is within tolerance of the float64 reference, 1 otherwise."""
     registry = registry if registry is not None else load_schemas()
     cases = [c for c in DEMO_CASES if c.op in registry]
     example = build_example(cases, registry)
-    lowered, report = lower_model_with_report(example.model, registry=registry)
+    lowered, report = lower_model_with_report(example.model, registry=registry, target=target)
     onnx.checker.check_model(lowered, full_check=True)
     got = run_model(lowered, example.feeds)
-    echo(f"example model: {len(cases)} batch-norm backward nodes; {report.summary()}")
+    echo(f"example model: {len(cases)} batch-norm backward nodes; target {target}; {report.summary()}")
     echo("lowered model: standard ONNX only, passes onnx.checker (full_check), runs in onnxruntime")
     echo("")
     failed = 0

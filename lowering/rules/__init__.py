@@ -8,7 +8,7 @@ hands the rule a :class:`LoweringRequest` and splices what the rule emitted in p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from lowering.builder import NodeBuilder
@@ -17,6 +17,20 @@ from opdef.node import NodeInference
 from opdef.rules.base import import_rule_module
 
 ONEDNN_SINGLE_OUTPUT = ("spec", "upstream")
+# What the lowered graph is for: "onnxruntime" (tuned for its CPU provider: BatchNormalization with computed
+# parameters, Conv with runtime-tensor weights) or "portable" (only ops whose every data input may be a runtime
+# tensor in any conforming runtime: elementwise arithmetic, Reduce*, Reshape, Cast, MatMul ...).
+TARGETS = ("onnxruntime", "portable")
+# The op types a rule may emit for the portable target (the pass checks): every data input of each may be a
+# runtime tensor in any conforming runtime. Not here on purpose: Conv/ConvTranspose (TensorRT and converters
+# want constant weights), BatchNormalization (tract wants constant parameters).
+PORTABLE_OPS = frozenset({
+    "Abs", "Add", "Sub", "Mul", "Div", "Neg", "Reciprocal", "Sqrt", "Pow", "Exp", "Log", "Max", "Min", "Where",
+    "Equal", "Less", "Greater", "Not", "And", "Or", "Identity", "Cast", "CastLike", "MatMul",
+    "ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceProd", "ReduceMax", "ReduceMin",
+    "Reshape", "Shape", "Size", "Slice", "Concat", "Gather", "Squeeze", "Unsqueeze", "Transpose", "Expand",
+    "ConstantOfShape", "Constant",
+})
 
 # A rule ``key`` lives in ``lowering.rules.<key>`` (a module or subpackage), or in any module of this package
 # for a family that registers several rules (opdef.rules.base.import_rule_module); it is imported on first
@@ -28,8 +42,11 @@ class LoweringOptions:
     """Choices where the specs leave room; see :func:`lowering.rules.batch_norm_backward.lower_batch_norm_backward`."""
 
     onednn_single_output: str = "spec"
+    target: str = "onnxruntime"  # one of TARGETS; every rule reads it (or declares one form for all)
 
     def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise ValueError(f"target must be one of {list(TARGETS)}, not {self.target!r}")
         if self.onednn_single_output not in ONEDNN_SINGLE_OUTPUT:
             raise ValueError(f"onednn_single_output must be one of {list(ONEDNN_SINGLE_OUTPUT)}, "
                              f"not {self.onednn_single_output!r}")
@@ -68,16 +85,27 @@ rule's nodes, renamed, for later nodes of a graph with the same lowering key (lo
 subgraph attributes are never copied (a subgraph may read the outer values by name)."""
 
 _RULES: dict[str, Rule] = {}
+_TARGETS: dict[str, tuple[str, ...]] = {}
 
 
-def register_rule(key: str) -> Callable[[Rule], Rule]:
-    """Decorator: register ``rule`` under ``key``. Registering a key twice is an error."""
+def register_rule(key: str, *, targets: tuple[str, ...] = ("onnxruntime",)) -> Callable[[Rule], Rule]:
+    """Decorator: register ``rule`` under ``key``. Registering a key twice is an error.
+
+    ``targets``: the :data:`TARGETS` the rule can emit for. A rule that reads ``request.options.target`` and
+    emits a form per target, or whose one form uses only portable ops (then it is the same for both), says
+    ``targets=TARGETS``. The default is onnxruntime only: a rule must claim portability explicitly, and the
+    pass refuses a node of a rule that cannot emit for the requested target (:func:`check_target`).
+    """
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown or not targets:
+        raise ValueError(f"targets of rule {key!r} must be a non-empty subset of {list(TARGETS)}, not {targets}")
 
     def decorate(rule: Rule) -> Rule:
         if key in _RULES:
             raise ValueError(f"a lowering rule for {key!r} is already registered ({_RULES[key].__module__}."
                              f"{_RULES[key].__qualname__})")
         _RULES[key] = rule
+        _TARGETS[key] = tuple(targets)
         return rule
 
     return decorate
@@ -86,6 +114,35 @@ def register_rule(key: str) -> Callable[[Rule], Rule]:
 def unregister_rule(key: str) -> None:
     """For tests that register temporary rules."""
     _RULES.pop(key, None)
+    _TARGETS.pop(key, None)
+
+
+def rule_targets(key: str) -> tuple[str, ...]:
+    """The targets the rule registered under ``key`` emits for."""
+    rule_for(key)
+    return _TARGETS[key]
+
+
+def check_portable(request: LoweringRequest, op_types: Iterable[str]) -> None:
+    """A LoweringError naming the node when a rule emitted, for the portable target, an op outside
+    :data:`PORTABLE_OPS` (a rule that claims a portable form it does not have)."""
+    if request.options.target != "portable":
+        return
+    other = sorted(set(op_types) - PORTABLE_OPS)
+    if other:
+        node = request.inference
+        raise LoweringError(f"{node.domain} {node.op_type} '{node.node_name}': the portable lowering emitted "
+                            f"{', '.join(other)}, which not every runtime runs with computed inputs")
+
+
+def check_target(key: str, request: LoweringRequest) -> None:
+    """A LoweringError naming the node when the rule for ``key`` has no form for the requested target."""
+    targets = rule_targets(key)
+    if request.options.target not in targets:
+        node = request.inference
+        raise LoweringError(f"{node.domain} {node.op_type} '{node.node_name}': no {request.options.target} "
+                            f"lowering: rule {key!r} emits only for {', '.join(targets)} (use --target "
+                            f"{targets[0]})")
 
 
 def rule_for(key: str) -> Rule:

@@ -19,7 +19,7 @@ from onnx import TensorProto
 
 from lowering.builder import NodeBuilder
 from lowering.emit_common import Emitter, compute_type
-from lowering.rules import LoweringRequest, register_rule
+from lowering.rules import TARGETS, LoweringRequest, register_rule
 from opdef.errors import LoweringError
 from opdef.rules.batch_norm_internal import INPUT_ROLES
 
@@ -154,7 +154,9 @@ def _input_type(request: LoweringRequest, role: str):
     return inference.input_types[inference.schema.input_index(inference.binding.arg(role))]
 
 
-@register_rule("batch_norm_internal")
+# One form for every target: ReduceMean/ReduceSum, elementwise arithmetic, Reshape and Cast only (no
+# BatchNormalization, no Conv), so the portable output is the onnxruntime one.
+@register_rule("batch_norm_internal", targets=TARGETS)
 def lower_batch_norm_internal(b: NodeBuilder, request: LoweringRequest) -> None:
     """BatchNormInternal -> standard ONNX; outputs nobody consumes are not computed."""
     inference = request.inference

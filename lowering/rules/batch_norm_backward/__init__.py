@@ -8,14 +8,15 @@ resolved. This module only decides the semantics; :mod:`lowering.rules.batch_nor
 from __future__ import annotations
 
 from lowering.builder import NodeBuilder
-from lowering.rules import LoweringRequest, register_rule
+from lowering.rules import TARGETS, LoweringRequest, register_rule
 from lowering.rules.batch_norm_backward.emit import BatchNormBackwardPlan, emit_batch_norm_backward
+from lowering.rules.batch_norm_backward.portable import emit_batch_norm_backward_portable
 from opdef.binding import Binding
 from opdef.errors import LoweringError
 from opdef.node import NodeInference, TensorType
 
 
-@register_rule("batch_norm_backward")
+@register_rule("batch_norm_backward", targets=TARGETS)
 def lower_batch_norm_backward(builder: NodeBuilder, request: LoweringRequest) -> None:
     """Emit standard ONNX for one batch-norm training backward node.
 
@@ -33,11 +34,17 @@ def lower_batch_norm_backward(builder: NodeBuilder, request: LoweringRequest) ->
       implementation does (the spec does not say so).
       "Requested" means the node declares the output, whether or not anything consumes it: an output
       nobody reads is not computed, but it does not change the semantics of the others.
+
+    ``request.options.target``: "onnxruntime" emits the form tuned for its CPU provider (emit.py),
+    "portable" the one without Conv/BatchNormalization on computed tensors (portable.py).
     """
     plan = plan_batch_norm_backward(request)
     if plan.diff_src is None and plan.diff_gamma is None and plan.diff_beta is None:
         return  # nothing anybody reads
-    emit_batch_norm_backward(builder, plan)
+    if request.options.target == "portable":
+        emit_batch_norm_backward_portable(builder, plan)
+    else:
+        emit_batch_norm_backward(builder, plan)
 
 
 def plan_batch_norm_backward(request: LoweringRequest) -> BatchNormBackwardPlan:

@@ -63,7 +63,7 @@ class _Emitter(Emitter):
             return
         layout = self.fast_layout()
         if layout is not None:
-            _Fast(self, layout).emit()
+            self.fast(layout).emit()
             return
         frozen = p.statistics == "frozen"
 
@@ -118,6 +118,10 @@ class _Emitter(Emitter):
         else:
             dx = b.op1(dx_inputs[0], dx_inputs[1])
             self.finish("Reshape", [dx, restore], p.diff_src, p.io_type)
+
+    def fast(self, layout: str) -> _Fast:
+        """The formulation for a per-channel layout (the portable emitter substitutes its own)."""
+        return _Fast(self, layout)
 
     def fast_layout(self) -> str | None:
         """'NCX' / 'NXC' when the tuned formulations apply (per-channel [C] stats, channel axis 1 or last)."""
@@ -223,6 +227,7 @@ class _Fast:
 
     def __init__(self, e: _Emitter, layout: str, dx_form: str | None = None) -> None:
         self.e, self.b, self.p = e, e.b, e.p
+        self.vt = TensorProto.DOUBLE  # per-channel vectors (see wide)
         self.layout = layout
         self.dx_form = dx_form or DX_FORM.get(layout, "muladd")
 
@@ -271,43 +276,49 @@ class _Fast:
             return None
         return list(p.src_shape)
 
-    def channel_sum(self, t: str, rows: list[tuple[str, str | None]] | None, output: str | None) -> str:
+    def channel_sum(self, t: str, rows: list[tuple[str, str | None]] | None) -> str:
         """Per-channel sum of a viewed tensor as a [C] vector, in stages along the axes, never one long
         running sum (where the count per channel reaches STAGED_SUMS_FROM).
 
-        NCX: ReduceSum over each of the rows :func:`_cut` makes of the spatial axes, last first, then over
-        N. NXC: MatMuls with ones rows (``rows``, from :meth:`ones_row`; a ReduceSum that keeps the last
-        axis is slow), then ReduceSum over what is left of N. Measured on products like dy*xc at
+        NCX: ReduceSum over the last row :func:`_cut` makes of the spatial axes, then over the rest. NXC: a
+        MatMul with a ones row (``rows``, from :meth:`ones_row`; a ReduceSum that keeps the last axis is
+        slow), then ReduceSum over what is left. Measured on products like dy*xc at
         32x112x112x64 against float64: one ReduceSum over axes 0, 2, 3 / one MatMul over all N*H*W rows left
         9e-7 / 8e-6 of the result's scale, the stages 2e-7, and ran as fast or faster.
+
+        Only the first stage (over the whole tensor) runs in the computation type; the partial sums it leaves
+        (a row's worth smaller) are summed on in the vector type (f64, :meth:`wide`): cheap, and the short
+        first stage is then the only f32 summation error. With every stage in f32 the 7x7 to 28x28 layers'
+        sums were off by 2-3x torch's own error (torch accumulates in double). Returns the sum in the vector
+        type.
         """
         b, e = self.b, self.e
         if self.layout == "NXC":
             if rows[0][1] is None:  # one MatMul over [M, C]
-                return b.op1("Reshape", [b.op1("MatMul", [rows[0][0], t]), e.ints([-1])], output)
-            for ones, shape in rows:
-                t = b.op1("MatMul", [ones, b.op1("Reshape", [t, shape])])
-            return e.reduce_sum(t, (0, 1), keepdims=0, output=output)
+                return self.wide(b.op1("Reshape", [b.op1("MatMul", [rows[0][0], t]), e.ints([-1])]))
+            ones, shape = rows[0]
+            t = self.wide(b.op1("MatMul", [ones, b.op1("Reshape", [t, shape])]))
+            return self.wide_sum(t, (0, 1))
         p = self.p
         rank = p.rank or 3
-        if not self.staged_sums():
-            return e.reduce_sum(t, (0,) + tuple(range(2, rank)), keepdims=0, output=output)
         spatial = [self.static_dim(a) for a in range(2, rank)] if p.rank is not None else [None]
-        if None in spatial:  # the last axis, then the others
-            per_row = e.reduce_sum(t, (rank - 1,), keepdims=0)
-            return e.reduce_sum(per_row, (0,) + tuple(range(2, rank - 1)), keepdims=0, output=output)
+        if not self.staged_sums() or None in spatial:  # the last axis, then the others
+            per_row = self.wide(e.reduce_sum(t, (rank - 1,), keepdims=0))
+            return self.wide_sum(per_row, (0,) + tuple(range(2, rank - 1)))
         factors = _cut(spatial)
         if factors != spatial:
             t = b.op1("Reshape", [t, e.ints([0, 0] + factors)])
-        for axis in range(1 + len(factors), 1, -1):
-            t = e.reduce_sum(t, (axis,), keepdims=0)
-        n = self.static_dim(0)  # [N, C] left
-        batch = _cut([n]) if n is not None else [n]
-        if len(batch) > 1:
-            t = b.op1("Reshape", [t, e.ints(batch + [-1])])
-            for axis in range(len(batch) - 1, 0, -1):
-                t = e.reduce_sum(t, (axis,), keepdims=0)
-        return e.reduce_sum(t, (0,), keepdims=0, output=output)
+        t = self.wide(e.reduce_sum(t, (1 + len(factors),), keepdims=0))
+        return self.wide_sum(t, (0,) + tuple(range(2, 1 + len(factors))))
+
+    def wide(self, t: str) -> str:
+        """``t`` in the vector type: per-channel partials and coefficients go in f64 where the tensors are in
+        f32 (they are a row's worth smaller than the tensors, so the extra precision costs next to nothing)."""
+        return self.e.cast(t, self.e.ct, self.vt)
+
+    def wide_sum(self, t: str, axes: tuple[int, ...]) -> str:
+        """ReduceSum of partials (already in the vector type) over ``axes``, dims dropped."""
+        return self.e.reduce_sum(t, axes, keepdims=0) if axes else t
 
     def dot_pieces(self) -> int | None:
         """For sum(dy*xc) as a Conv (see conv_dot): into how many rows of at most DOT_ROW_MAX elements each
@@ -335,7 +346,7 @@ class _Fast:
         data = b.op1("Reshape", [dy, e.ints([1, rows, length])])
         kernels = b.op1("Reshape", [xc, e.ints([rows, 1, length])])
         dots = b.op1("Conv", [data, kernels], group=rows)
-        return e.reduce_sum(b.op1("Reshape", [dots, e.ints([n, c, pieces])]), (0, 2), keepdims=0)
+        return self.wide_sum(self.wide(b.op1("Reshape", [dots, e.ints([n, c, pieces])])), (0, 2))
 
     def staged_sums(self) -> bool:
         """Whether the sums go in stages: unless the count per channel is known and below STAGED_SUMS_FROM
@@ -344,11 +355,11 @@ class _Fast:
         return m is None or m >= STAGED_SUMS_FROM
 
     def ones_row(self) -> list[tuple[str, str | None]] | None:
-        """For the NXC sums, per MatMul stage: a [1, k] ones row and the [rows, k, C] shape to view the
-        tensor (or what the previous stage left) as. Static dims (the batch may be symbolic): one stage per
-        row :func:`_cut` makes of [N,] D1 .. Dk, last first. Other dynamic dims: [N, D1 * .. * Dk, C] in one
-        stage. Fewer than STAGED_SUMS_FROM rows, or rank 2 of unknown M: [1, M] over the [M, C] tensor or
-        view itself (shape None)."""
+        """For the NXC sums, the one MatMul stage over the tensor: a [1, k] ones row and the [rows, k, C]
+        shape to view the tensor as (channel_sum sums the [rows, 1, C] it leaves in f64). Static dims (the
+        batch may be symbolic): the last row :func:`_cut` makes of D1 .. Dk (rank 2: of M). Other dynamic
+        dims: [N, D1 * .. * Dk, C]. Rank 2 with fewer than STAGED_SUMS_FROM rows, or of unknown M: [1, M]
+        over the [M, C] tensor or view itself (shape None)."""
         if self.layout != "NXC":
             return None
         b, e, p = self.b, self.e, self.p
@@ -360,15 +371,19 @@ class _Fast:
             one = numpy_helper.from_array(np.ones(1, dtype=e.np_ct), "one")
             return b.op1("ConstantOfShape", [b.op1("Concat", [e.ints([1]), count], axis=0)], value=one)
 
-        if p.rank == 2 and self.static_count() is None or not self.staged_sums():  # one MatMul over [M, C]
-            m = self.static_count()
+        dims = [self.static_dim(a) for a in range(p.rank)] if p.rank is not None else [None, None]
+        rows_of_samples = p.rank is not None and p.rank >= 3 and None not in dims[1:]
+        if p.rank == 2 and self.static_count() is None or not self.staged_sums() and not rows_of_samples:
+            m = self.static_count()  # one MatMul over [M, C]
             return [(ones(m) if m is not None else ones_like(
                 b.op1("Slice", [b.op1("Shape", [p.src]), e.ints([0]), e.ints([1])])), None)]
-        dims = [self.static_dim(a) for a in range(p.rank)] if p.rank is not None else [None, None]
         if None not in dims[1:]:  # static but maybe for the batch (left as -1)
+            # the first stage sums the last row _cut makes of a sample's (rank >= 3) or the rows' dims; the
+            # rest goes on in f64 (channel_sum): also for short sums, where one f32 MatMul over every row of
+            # a 32x7x7 or 32x14x14 batch was off by 4e-7 to 1e-6 of the scale
             c = dims[-1]
-            factors = _cut(dims[:-1] if dims[0] is not None else dims[1:-1])
-            return [(ones(f), e.ints([-1, f, c])) for f in reversed(factors)]
+            k = _cut(dims[1:-1] if p.rank >= 3 else dims[:1])[-1]
+            return [(ones(k), e.ints([-1, k, c]))]
         # unknown dims (or rank: src may have rank 2, then each of its M rows is a "sample" of one row)
         src_shape = b.op1("Shape", [p.src])
         x = b.op1("ReduceProd", [b.op1("Slice", [src_shape, e.ints([1]), e.ints([-1])])], keepdims=1)
@@ -382,13 +397,16 @@ class _Fast:
         wants_dx, wants_dg, wants_db = p.diff_src is not None, p.diff_gamma is not None, p.diff_beta is not None
         need_s1 = wants_db or (wants_dx and not frozen)
         need_s2 = wants_dg or (wants_dx and not frozen)
-        direct = p.stat_type == ct  # sums may write the requested names themselves
+        vt = self.vt
 
         x_view, dy_view, restore = self.views()
         dy = e.cast(dy_view, p.io_type, ct)
 
-        def vec(name: str | None) -> str | None:
-            return None if name is None else e.cast(name, p.stat_type, ct)
+        def vec(name: str | None, to: int = vt) -> str | None:
+            return None if name is None else e.cast(name, p.stat_type, to)
+
+        def narrow(v: str) -> str:  # a per-channel coefficient for the tensor ops
+            return e.cast(v, vt, ct)
 
         bcast = self.bcast
 
@@ -397,43 +415,44 @@ class _Fast:
         if p.stat_input == "inv_std":
             inv = stat
         else:
-            inv = b.op1("Reciprocal", [b.op1("Sqrt", [b.op1("Add", [stat, e.scalar(p.epsilon, "eps")])])])
+            eps = b.const(np.array(p.epsilon, dtype=np.float64), hint="eps")
+            inv = b.op1("Reciprocal", [b.op1("Sqrt", [b.op1("Add", [stat, eps])])])
         a = inv if gamma is None else b.op1("Mul", [gamma, inv])
 
         rows = self.ones_row() if (need_s1 or need_s2) else None
         s1 = s2 = xc = x = mean = dgamma = None
         if need_s1:
-            s1 = self.channel_sum(dy, rows, p.diff_beta if direct else None)
-            if wants_db and not direct:
-                b.op1("Cast", [s1], p.diff_beta, to=p.stat_type)
+            s1 = self.channel_sum(dy, rows)
+            if wants_db:
+                e.cast(s1, vt, p.stat_type, p.diff_beta)
         if need_s2:
             x = e.cast(x_view, p.io_type, ct)
-            mean = vec(p.mean)
+            mean = vec(p.mean, ct)
             xc = b.op1("Sub", [x, bcast(mean)])
             pieces = self.dot_pieces()
             if pieces is not None:
                 s2 = self.conv_dot(dy, xc, pieces)
             else:
-                s2 = self.channel_sum(b.op1("Mul", [dy, xc]), rows, None)
-            dgamma = b.op1("Mul", [inv, s2], p.diff_gamma if wants_dg and direct else None)
-            if wants_dg and not direct:
-                b.op1("Cast", [dgamma], p.diff_gamma, to=p.stat_type)
+                s2 = self.channel_sum(b.op1("Mul", [dy, xc]), rows)
+            dgamma = b.op1("Mul", [inv, s2])
+            if wants_dg:
+                e.cast(dgamma, vt, p.stat_type, p.diff_gamma)
         if not wants_dx:
             return
         if frozen:
-            self.final(restore, low, "Mul", [(dy, True), (a, False)])
+            self.final(restore, low, "Mul", [(dy, True), (narrow(a), False)])
             return
         m = self.static_count()
         if m is not None:
-            neg_inv_m = e.scalar(-1.0 / max(m, 1), "neg_inv_m")
+            neg_inv_m = b.const(np.array(-1.0 / max(m, 1), dtype=np.float64), hint="neg_inv_m")
         else:
             count = e.count(x, mean)
-            neg_inv_m = b.op1("Neg", [b.op1("Reciprocal", [b.op1("Cast", [count], to=ct)])])
-        # b = -a*inv*diff_gamma/M, c = -a*S1/M
+            neg_inv_m = b.op1("Neg", [b.op1("Reciprocal", [b.op1("Cast", [count], to=vt)])])
+        # b = -a*inv*diff_gamma/M, c = -a*S1/M (in the vector type, rounded once to the computation type)
         a_m = b.op1("Mul", [a, neg_inv_m])
-        coef_b = b.op1("Mul", [b.op1("Mul", [a_m, inv]), dgamma])
-        coef_c = b.op1("Mul", [a_m, s1])
-        ady = b.op1("Mul", [dy, bcast(a)])
+        coef_b = narrow(b.op1("Mul", [b.op1("Mul", [a_m, inv]), dgamma]))
+        coef_c = narrow(b.op1("Mul", [a_m, s1]))
+        ady = b.op1("Mul", [dy, bcast(narrow(a))])
         channels = self.conv_channels()
         if channels is not None:
             # b*xc + c as a 1x1 depthwise Conv with bias; onnxruntime fuses it with the Add that follows into

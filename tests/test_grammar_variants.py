@@ -1,0 +1,217 @@
+"""Grammar variants of real upstream documents (issue 13): each one a small inline document with exact facts.
+
+Every variant is well formed: it parses to a schema; the unusual ones also carry warnings
+(``OpSchema.warnings``), which ``oplower schema`` prints and ``--strict`` turns into errors.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from lowering.cli import main
+from opdef.errors import SpecError
+from opdef.parse import parse_spec_text
+from opdef.registry import load_schemas
+from opdef.schema import SpecWarning
+
+
+def parse(text: str, dialect: str | None = None, source: str = "doc.rst"):
+    return parse_spec_text(textwrap.dedent(text), source, dialect)
+
+
+def args(arguments):
+    return [(a.name, a.optional, a.type_var) for a in arguments]
+
+
+def attrs(attributes):
+    return [(a.name, a.type, a.required, a.default) for a in attributes]
+
+
+def warned(schema) -> list[tuple[int | None, str]]:
+    return [(w.line, w.message) for w in schema.warnings]
+
+
+# -- oneDNN Graph (RST tables) -------------------------------------------------------------------------------
+
+ONEDNN_INPUTS = """\
+    Inputs
+    ======
+
+    ===== ============= ====================
+    Index Argument Name Required or Optional
+    ===== ============= ====================
+    0     ``src``       Required
+    ===== ============= ====================
+"""
+
+ONEDNN_NO_OUTPUT = """\
+    End
+    ###
+
+    End marks where a tensor's uses end.
+
+    Operation Attributes
+    ********************
+
+    End operation does not support any attribute.
+
+    Execution Arguments
+    *******************
+
+""" + ONEDNN_INPUTS + """
+    Outputs
+    =======
+
+    {sentence}
+"""
+
+
+@pytest.mark.parametrize("sentence", [
+    "This operation has no output tensor.",
+    "End operation does not support output tensor.",
+    "The operation doesn't produce any outputs.",
+])
+def test_onednn_outputs_section_saying_there_are_none_gives_zero_outputs(sentence):
+    s = parse(ONEDNN_NO_OUTPUT.format(sentence=sentence), "onednn")
+    assert s.name == "End"
+    assert args(s.inputs) == [("src", False, None)]
+    assert s.outputs == ()
+    assert s.attributes == ()
+    assert s.warnings == ()
+
+
+def test_onednn_outputs_prose_that_denies_nothing_is_still_a_spec_error():
+    text = ONEDNN_NO_OUTPUT.format(sentence="The output is written in place.")
+    with pytest.raises(SpecError, match=r"doc\.rst:\d+: expected an outputs table"):
+        parse(text, "onednn")
+
+
+ONEDNN_MATH = """\
+    .. include:: ../../replacements.inc.rst
+
+    Pow
+    ###
+
+    ## General
+
+    Pow raises every element of the input to the power :math:`\\beta`.
+
+    ## Operation attributes
+
+    +-------------+----------------+------------+--------------+-------------+
+    |  Attribute  | Description    | Value Type |  Supported   | Required or |
+    |     Name    |                |            |    Values    |  Optional   |
+    +=============+================+============+==============+=============+
+    | |attr_beta| | exponent,      | f32        | Arbitrary    |  Required   |
+    |             | :math:`\\beta`  |            | f32 value    |             |
+    |             | in the         |            |              |             |
+    |             | formula.       |            |              |             |
+    +-------------+----------------+------------+--------------+-------------+
+    | ``alpha``   | :math:`\\alpha` | f32        | ``1.0``      | Optional    |
+    |             | scales it.     |            | (default)    |             |
+    +-------------+----------------+------------+--------------+-------------+
+
+""" + ONEDNN_INPUTS + """
+    Outputs
+    =======
+
+    ===== ============= ====================
+    Index Argument Name Required or Optional
+    ===== ============= ====================
+    0     ``dst``       Required
+    ===== ============= ====================
+
+    Supported Data Types
+    ********************
+
+    ==== ====
+    Src  Dst
+    ==== ====
+    f32  f32
+    f16  f16
+    ==== ====
+"""
+
+
+def test_onednn_attribute_rows_with_inline_math_under_markdown_headings_keep_their_attributes():
+    s = parse(ONEDNN_MATH)  # the dialect is detected although the page has "## ..." lines
+    assert s.dialect == "onednn"
+    assert attrs(s.attributes) == [("beta", "f32", True, None), ("alpha", "f32", False, 1.0)]
+    assert s.attribute("beta").description == "exponent, \\beta in the formula."
+    assert args(s.inputs) == [("src", False, "T")]
+    assert args(s.outputs) == [("dst", False, "T")]
+    assert s.description == "Pow raises every element of the input to the power \\beta."
+    assert warned(s) == [
+        (6, "Markdown heading '## General' in an RST page; read as the section 'General'"),
+        (10, "Markdown heading '## Operation attributes' in an RST page; read as the section 'Operation attributes'"),
+    ]
+
+
+def test_onednn_attribute_row_with_math_in_a_plain_page_has_no_warning():
+    text = ONEDNN_MATH.replace("## General\n", "General\n    =======").replace(
+        "## Operation attributes\n", "Operation Attributes\n    ********************")
+    s = parse(text)
+    assert [a.name for a in s.attributes] == ["beta", "alpha"]
+    assert s.warnings == ()
+
+
+def test_onednn_table_cut_short_is_a_spec_error_not_a_page_without_attributes():
+    lines = textwrap.dedent(ONEDNN_MATH).split("\n")
+    cut = [k for k, line in enumerate(lines) if line.startswith("| ``alpha``")][0]
+    lines[cut] = lines[cut][:-5]  # the row's right border is gone
+    with pytest.raises(SpecError, match=r"doc\.rst:\d+: expected a well-formed table: Malformed table"):
+        parse_spec_text("\n".join(lines), "doc.rst")
+
+
+def test_onednn_attributes_prose_that_denies_nothing_is_read_as_none_with_a_warning():
+    text = ONEDNN_NO_OUTPUT.format(sentence="This operation has no output tensor.").replace(
+        "End operation does not support any attribute.", "See the Wildcard page.")
+    s = parse(text, "onednn")
+    assert s.attributes == ()
+    assert warned(s) == [(7, "no attribute table and no sentence saying there are no attributes; read as none: "
+                             "'See the Wildcard page.'")]
+
+
+# -- warnings in the CLI -------------------------------------------------------------------------------------
+
+
+def test_schema_command_prints_warnings_and_strict_turns_them_into_an_error(tmp_path, capsys):
+    path = tmp_path / "Pow.rst"
+    path.write_text(textwrap.dedent(ONEDNN_MATH), encoding="utf-8")
+    assert main(["schema", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("onednn::Pow (version 1, dialect onednn)")
+    assert err.splitlines() == [
+        f"{path}:6: warning: Markdown heading '## General' in an RST page; read as the section 'General'",
+        f"{path}:10: warning: Markdown heading '## Operation attributes' in an RST page; read as the section "
+        "'Operation attributes'",
+    ]
+    assert main(["schema", str(path), "--strict"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines()[-1] == (f"oplower schema: error: {path}:6: Markdown heading '## General' in an RST page; "
+                                    "read as the section 'General' (and 1 more); --strict makes warnings errors")
+    assert "Traceback" not in err
+
+
+def test_schema_command_json_lists_the_warnings(tmp_path, capsys):
+    import json
+
+    path = tmp_path / "Pow.rst"
+    path.write_text(textwrap.dedent(ONEDNN_MATH), encoding="utf-8")
+    assert main(["schema", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [w["line"] for w in data["warnings"]] == [6, 10]
+
+
+def test_bundled_specs_parse_without_warnings_and_strict_passes(capsys):
+    assert all(entry.schema.warnings == () for entry in load_schemas())
+    assert main(["schema", "--strict"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_spec_warning_formats_as_one_line():
+    assert str(SpecWarning("a.rst", 3, "odd")) == "a.rst:3: warning: odd"
+    assert str(SpecWarning("a.rst", None, "odd")) == "a.rst: warning: odd"

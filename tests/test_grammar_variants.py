@@ -14,7 +14,7 @@ from lowering.cli import main
 from opdef.errors import SpecError
 from opdef.parse import parse_spec_text
 from opdef.registry import load_schemas
-from opdef.schema import SpecWarning
+from opdef.schema import SpecWarning, TypeRule
 
 
 def parse(text: str, dialect: str | None = None, source: str = "doc.rst"):
@@ -215,3 +215,120 @@ def test_bundled_specs_parse_without_warnings_and_strict_passes(capsys):
 def test_spec_warning_formats_as_one_line():
     assert str(SpecWarning("a.rst", 3, "odd")) == "a.rst:3: warning: odd"
     assert str(SpecWarning("a.rst", None, "odd")) == "a.rst: warning: odd"
+
+
+# -- oneDNN Graph opset (bullet grammar) ---------------------------------------------------------------------
+
+OPSET = """\
+    --------
+    TypeCast
+    --------
+
+    **Versioned name**: *TypeCast-1*
+
+    **Category**: *Conversion*
+
+    **Short description**: converts the element type of a tensor.
+
+    {attributes}
+
+    **Inputs**
+
+    * **1**: ``input`` - the tensor. **Required.**
+
+      * **Type**: T1
+
+    **Outputs**
+
+    * **1**: ``output`` - the converted tensor.
+
+      * **Type**: T2
+
+    **Types**
+
+    * *T1*: f32, f16, bf16.
+    * *T2*: f32, f16, bf16.
+    {constraints}
+"""
+
+ATTRIBUTE_LIST = """\
+* *axis*
+
+      * **Description**: the axis.
+      * **Type**: s64
+      * **Default value**: 1
+      * **Required**: *no*
+
+    * *mode*
+
+      * **Description**: how.
+      * **Range of values**: *up* or *down*
+      * **Type**: string
+      * **Required**: *yes*"""
+
+
+def opset_doc(attributes: str, constraints: str = "") -> str:
+    return OPSET.format(attributes=attributes, constraints=constraints)
+
+
+def test_opset_attributes_label_and_first_bullet_on_one_line():
+    s = parse(opset_doc("**Attributes**: " + ATTRIBUTE_LIST), "opset_v0")
+    expected = parse(opset_doc("**Attributes**:\n\n    " + ATTRIBUTE_LIST), "opset_v0")
+    assert attrs(s.attributes) == [("axis", "s64", False, 1), ("mode", "string", True, None)]
+    assert s.attribute("mode").allowed_values == ("up", "down")
+    assert s == expected  # the same facts as with the line break in place
+    assert args(s.inputs) == [("input", False, "T1")] and args(s.outputs) == [("output", False, "T2")]
+    assert warned(s) == [(11, "**Attributes**: and its first item share a line (a lost line break); read as a "
+                              "label and a list")]
+    assert expected.warnings == ()
+
+
+def test_opset_attributes_label_over_an_indented_sentence_means_no_attributes():
+    s = parse(opset_doc("**Attributes**:\n\n      No attributes available."), "opset_v0")
+    assert s.attributes == ()
+    assert args(s.inputs) == [("input", False, "T1")]
+    assert s.warnings == ()
+
+
+def test_opset_attributes_label_over_prose_that_denies_nothing_warns():
+    s = parse(opset_doc("**Attributes**:\n\n      See the Convert operation."), "opset_v0")
+    assert s.attributes == ()
+    assert warned(s) == [(11, "no list after this label, only prose; read as no attributes: "
+                              "'See the Convert operation.'")]
+
+
+SEVERAL_CLAUSES = ("* Constraints: When *T1* is f32, *T2* should be f16 or bf16; when *T1* is f16 or bf16, "
+                   "*T2* should be f32.")
+
+
+def _legal(schema) -> set[tuple[str, str]]:
+    """The (T1, T2) pairs no type rule forbids, read the way opdef.verify checks a TypeRule."""
+    domains = schema.type_constraint_map
+    return {(t1, t2) for t1 in domains["T1"] for t2 in domains["T2"]
+            if not any(({"T1": t1, "T2": t2}[r.var] in r.types and {"T1": t1, "T2": t2}[r.when_var]
+                         not in r.when_types) for r in schema.type_rules)}
+
+
+def test_opset_constraint_sentence_with_several_clauses_becomes_type_rules():
+    s = parse(opset_doc("**Attributes**: *TypeCast* has no attributes.", SEVERAL_CLAUSES), "opset_v0")
+    assert s.type_rules == (
+        TypeRule("T2", ("f32",), "T1", ("f16", "bf16"), "When T1 is f32, T2 should be f16 or bf16"),
+        TypeRule("T2", ("f16", "bf16"), "T1", ("f32",), "when T1 is f16 or bf16, T2 should be f32"),
+    )
+    # what the sentence says, written out: f32 goes to a 16-bit type and a 16-bit type to f32
+    assert _legal(s) == {("f32", "f16"), ("f32", "bf16"), ("f16", "f32"), ("bf16", "f32")}
+    assert s.constraints == () and s.warnings == ()
+
+
+def test_opset_constraint_in_then_when_order_and_the_only_when_form():
+    s = parse(opset_doc("**Attributes**: none.", "* Constraints: *T2* must be f32 if *T1* is bf16. "
+                                                 "*T2* can be bf16 only when *T1* is bf16."), "opset_v0")
+    assert _legal(s) == {("f32", "f32"), ("f32", "f16"), ("f16", "f32"), ("f16", "f16"), ("bf16", "f32")}
+
+
+def test_opset_constraint_sentence_of_another_form_is_kept_verbatim():
+    sentence = "T2 follows the rounding mode of T1; see the Convert notes."
+    s = parse(opset_doc("**Attributes**: none.", f"* Constraints: {sentence}"), "opset_v0")
+    assert s.type_rules == ()
+    assert [(c.label, c.text) for c in s.constraints] == [("C1", sentence)]
+    assert warned(s) == [(29, f"type constraint not in a form read as a rule; kept as constraint C1: {sentence!r}")]

@@ -332,3 +332,85 @@ def test_opset_constraint_sentence_of_another_form_is_kept_verbatim():
     assert s.type_rules == ()
     assert [(c.label, c.text) for c in s.constraints] == [("C1", sentence)]
     assert warned(s) == [(29, f"type constraint not in a form read as a rule; kept as constraint C1: {sentence!r}")]
+
+
+# -- nGraph (grid tables) ------------------------------------------------------------------------------------
+
+NGRAPH = """\
+    #######
+    Reshape
+    #######
+
+    Description
+    ===========
+
+    Reshapes a tensor.
+
+    Inputs
+    ------
+
+    +-----------------+-------------------------+--------------------------------+
+    | Name            | Element Type            | Shape                          |
+    +=================+=========================+================================+
+    | ``arg``         | real                    | Any                            |
+    +-----------------+-------------------------+--------------------------------+
+
+    Outputs
+    -------
+
+    +-----------------+-------------------------+--------------------------------+
+    | Name            | Element Type            | Shape                          |
+    +=================+=========================+================================+
+    | ``output``      | Same as ``arg``         | Any                            |
+    +-----------------+-------------------------+--------------------------------+
+
+    {after}
+
+    C++ Interface
+    =============
+
+    .. doxygenclass:: ngraph::op::v1::Reshape
+       :project: ngraph
+       :members:
+"""
+
+EXAMPLES = """\
++---------------+-----------------------+--------------+
+    | ``arg`` Shape | ``input_order`` Value | Output Shape |
+    +===============+=======================+==============+
+    | (2, 3)        | (0, 1)                | (2, 3)       |
+    +---------------+-----------------------+--------------+
+    | (2, 3)        | (1, 0)                | (3, 2)       |
+    +---------------+-----------------------+--------------+"""
+
+
+def test_ngraph_example_table_after_the_outputs_table_is_not_an_argument_table():
+    s = parse(NGRAPH.format(after=EXAMPLES), "ngraph")
+    plain = parse(NGRAPH.format(after=""), "ngraph")
+    assert (s.name, s.version) == ("Reshape", 1)
+    assert [(a.name, a.type_var, a.shape) for a in s.inputs] == [("arg", "T", "Any")]
+    assert [(a.name, a.type_var, a.shape) for a in s.outputs] == [("output", "T", "Any")]
+    assert s.type_constraints == (("T", ("f32", "f16", "bf16", "f64")),)
+    assert s == plain
+    assert warned(s) == [(28, "table with columns ['arg Shape', 'input_order Value', 'Output Shape'] after the "
+                              "outputs table has no Name column; read as examples, not outputs")]
+    assert plain.warnings == ()
+
+
+def test_ngraph_argument_table_with_wrong_columns_is_still_a_spec_error():
+    no_name = NGRAPH.format(after="").replace("| Name            | Element Type", "| Tensor          | Element Type")
+    with pytest.raises(SpecError, match=r"doc\.rst:\d+: expected a 'Name' column in the inputs table"):
+        parse(no_name, "ngraph")
+    second = EXAMPLES.replace("``arg`` Shape", "Name         ")
+    with pytest.raises(SpecError, match=r"doc\.rst:\d+: expected an 'Element Type' column in the outputs table"):
+        parse(NGRAPH.format(after=second), "ngraph")
+
+
+def test_ngraph_output_repeating_an_input_name():
+    text = NGRAPH.format(after="").replace("| ``output``      | Same as ``arg``         | Any      ",
+                                           "| ``arg``         | Same as ``arg``         | Same as ``arg``")
+    s = parse(text, "ngraph")
+    assert [(a.name, a.type_var, a.shape) for a in s.inputs] == [("arg", "T", "Any")]
+    assert [(a.name, a.type_var, a.shape) for a in s.outputs] == [("arg", "T", "Same as ``arg``")]
+    assert s.type_constraints == (("T", ("f32", "f16", "bf16", "f64")),)
+    assert warned(s) == [(22, "output 'arg' has the name of an input; kept as two arguments")]

@@ -414,3 +414,56 @@ def test_ngraph_output_repeating_an_input_name():
     assert [(a.name, a.type_var, a.shape) for a in s.outputs] == [("arg", "T", "Same as ``arg``")]
     assert s.type_constraints == (("T", ("f32", "f16", "bf16", "f64")),)
     assert warned(s) == [(22, "output 'arg' has the name of an input; kept as two arguments")]
+
+
+# -- DirectML (Markdown) -------------------------------------------------------------------------------------
+
+DML_TENSOR = "Type: **const [DML_TENSOR_DESC](/windows/win32/api/directml/ns-directml-dml_tensor_desc)\\\\***"
+
+DIRECTML = f"""\
+    ## Description
+
+    Copies a tensor. **DML_IDENTITY_OPERATOR_DESC**
+
+    ## Members
+
+    ### `InputTensor`
+
+    {DML_TENSOR}
+
+    The input.
+
+    ### `OutputTensor`
+
+    {DML_TENSOR}
+
+    The output.
+
+    ## Tensor constraints
+    *InputTensor* and *OutputTensor* must have the same *DataType*.
+
+    ## Tensor support
+    | Tensor | Kind | Supported dimension counts | Supported data types |
+    | ------ | ---- | -------------------------- | -------------------- |
+    | InputTensor | Input | 4 | FLOAT32, FLOAT16 |
+    | {{out}} | Output | 4 | {{out_types}} |
+"""
+
+
+def test_directml_plain_page_has_no_warnings():
+    s = parse(DIRECTML.format(out="OutputTensor", out_types="FLOAT32, FLOAT16"), "directml", "op.md")
+    assert [(a.name, a.type_var) for a in s.inputs + s.outputs] == [("InputTensor", "T"), ("OutputTensor", "T")]
+    assert s.type_constraints == (("T", ("f32", "f16")),)
+    assert s.warnings == ()
+
+
+def test_directml_unusual_pages_parse_with_warnings():
+    renamed = parse(DIRECTML.format(out="OutputGradientTensor", out_types="FLOAT32"), "directml", "op.md")
+    assert [a.name for a in renamed.outputs] == ["OutputTensor"]
+    assert renamed.output("OutputTensor").types == ("f32",)
+    assert warned(renamed) == [(26, "tensor-support row 'OutputGradientTensor' names no struct member; paired with "
+                                    "'OutputTensor', the member no row names")]
+    conflict = parse(DIRECTML.format(out="OutputTensor", out_types="UINT32"), "directml", "op.md")
+    assert conflict.type_constraints == (("T", ("f32", "f16", "u32")),)
+    assert warned(conflict) == [(None, "InputTensor, OutputTensor share a DataType but their tables allow no "
+                                       "common type; T allows the union")]

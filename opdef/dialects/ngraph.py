@@ -6,7 +6,9 @@ section, grid tables under "Inputs" / "Outputs" (Name, Element Type, Shape [, No
 
 How the tables become a schema:
 
-- Every listed input and output is required (nGraph has no optional arguments).
+- Every listed input and output is required (nGraph has no optional arguments). A later table in the
+  Inputs/Outputs section without a Name column (examples: "``arg`` Shape | ``input_order`` Value") is
+  skipped with a warning; an output named like an input is kept, with a warning.
 - Element types become type variables: each cell that names types ("real", "any", "Any floating point
   type", ``element::f32`` ``element::f64``, ``ngraph::element::boolean``) starts a variable, and
   "same as ``x``" shares ``x``'s variable (forward references and references to outputs are allowed).

@@ -38,6 +38,10 @@ Decisions a reader needs to know:
   ``diff_X`` takes ``X``'s variable (and ``X`` takes ``diff_X``'s); any other unnamed argument (e.g.
   ``dst`` when the header says ``Src``) takes the first column's variable. Without a data-type table (prose
   such as "arbitrary data type combinations") arguments have no type variable.
+- ``## Heading`` lines (Markdown) in an RST page are read as section titles, with a warning; an
+  Inputs/Outputs section of prose gives no arguments when a sentence negates and names them ("does not
+  support output tensor"); attribute prose that denies nothing gives no attributes, with a warning; a table
+  docutils cannot read (cut short, misaligned) is a :class:`SpecError`, never prose.
 - Stub pages (a title and prose, no attribute/argument sections and no tables) give an empty but valid
   schema (name, description, no arguments) marked ``extra["stub"] = True``, so a documentation sweep can
   list them; a page that has argument sections but a malformed or missing table is a :class:`SpecError`.

@@ -19,7 +19,14 @@ Quirks handled here:
   back onto the collapsed text.
 - Labels with or without a colon, inside or outside the bold (``**Inputs**``, ``**Inputs**:``,
   ``**Detailed description:**``); type variables as ``*T*`` or ``**T**``.
-- "**Attributes**: *ReLU* operation has no attributes." (prose, no list) means no attributes.
+- "**Attributes**: *ReLU* operation has no attributes." (prose, no list) means no attributes, and so does
+  an indented sentence under the label ("No attributes available."; a warning unless it negates).
+- "**Attributes**: * *epsilon*" (the first item on the label's line, one lost line break) is split before
+  parsing, with a warning; line numbers stay those of the source.
+- Constraints: each sentence is read clause by clause (``;``) as "*V* can be X only when *W* is Y",
+  "when *W* is Y, *V* should/must/can be X" or "*V* should be X when *W* is Y"; an implication becomes the
+  equivalent :class:`TypeRule` (V outside X only when W outside Y). A sentence with any other clause is
+  kept verbatim as a Constraint C1, C2 ... with a warning, never a SpecError.
 - Two names for one argument (``result_forward`` / ``input_forward``) are joined as
   ``result_forward/input_forward``, the way oneDNN's own op definitions name such arguments.
 - ``**Required**.`` / ``**Optional**.`` / ``**Optional.**.`` markers; an argument without one is required.

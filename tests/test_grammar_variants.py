@@ -467,3 +467,29 @@ def test_directml_unusual_pages_parse_with_warnings():
     assert conflict.type_constraints == (("T", ("f32", "f16", "u32")),)
     assert warned(conflict) == [(None, "InputTensor, OutputTensor share a DataType but their tables allow no "
                                        "common type; T allows the union")]
+
+
+@pytest.mark.parametrize("t1", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("t2", ["f32", "f16", "bf16"])
+def test_opset_clause_rules_are_what_node_verification_checks(t1, t2):
+    import onnx
+
+    from opdef.errors import VerificationError
+    from opdef.node import TensorType
+    from opdef.types import ONNX_ELEM_TYPE
+    from opdef.verify import infer_with_schema
+
+    # verification binds type variables from the inputs, so T2 gets an input of its own here
+    text = opset_doc("**Attributes**: none.", SEVERAL_CLAUSES).replace(
+        "**Outputs**", "* **2**: ``scale`` - the scale. **Required.**\n\n      * **Type**: T2\n\n    **Outputs**")
+    s = parse(text, "opset_v0")
+    assert [(a.name, a.type_var) for a in s.inputs] == [("input", "T1"), ("scale", "T2")]
+    node = onnx.helper.make_node("TypeCast", ["x", "s"], ["y"], name="cast", domain="onednn")
+    types = {"x": TensorType(ONNX_ELEM_TYPE[t1], (2, 3)), "s": TensorType(ONNX_ELEM_TYPE[t2], (3,)), "y": None}
+    legal = {("f32", "f16"), ("f32", "bf16"), ("f16", "f32"), ("bf16", "f32")}  # the sentence, written out
+    if (t1, t2) in legal:
+        assert infer_with_schema(s, None, node, types).type_vars == {"T1": ONNX_ELEM_TYPE[t1],
+                                                                     "T2": ONNX_ELEM_TYPE[t2]}
+    else:
+        with pytest.raises(VerificationError, match=r"T2 is \w+ while T1 is \w+; .*\([Ww]hen T1 is"):
+            infer_with_schema(s, None, node, types)

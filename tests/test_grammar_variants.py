@@ -493,3 +493,11 @@ def test_opset_clause_rules_are_what_node_verification_checks(t1, t2):
     else:
         with pytest.raises(VerificationError, match=r"T2 is \w+ while T1 is \w+; .*\([Ww]hen T1 is"):
             infer_with_schema(s, None, node, types)
+
+
+def test_onednn_markdown_heading_without_a_blank_line_after_it_stays_text_with_a_warning():
+    text = ONEDNN_MATH.replace("## General\n\n", "## General\n")
+    s = parse(text)
+    assert s.description.startswith("## General Pow raises")
+    assert [a.name for a in s.attributes] == ["beta", "alpha"]
+    assert warned(s)[0] == (6, "Markdown heading '## General' has no blank line after it; read as text")

@@ -127,15 +127,19 @@ def _markdown_headings(text: str, source: str, warnings: list[SpecWarning]) -> s
     spare = [c for c in "*=-~^+'" if c not in styles]
     for i, line in enumerate(lines):
         m = _MD_HEADING.fullmatch(line)
-        if m is None or _rst_title_line(lines, i):
+        if m is None:
             continue
         level = len(m.group(1))
         if i + 1 < len(lines) and lines[i + 1].strip():
             warnings.append(SpecWarning(source, i + 1, f"Markdown heading {line.strip()!r} has no blank line "
                                                        "after it; read as text"))
             continue
-        while len(styles) < level:
+        while len(styles) < level and spare:
             styles.append(spare.pop(0))
+        if len(styles) < level:  # deeper than any adornment left to give it
+            warnings.append(SpecWarning(source, i + 1, f"Markdown heading {line.strip()!r} is nested too deep; "
+                                                       "read as text"))
+            continue
         title = m.group(2)
         lines[i] = title
         if i + 1 < len(lines):
@@ -145,11 +149,6 @@ def _markdown_headings(text: str, source: str, warnings: list[SpecWarning]) -> s
         warnings.append(SpecWarning(source, i + 1, f"Markdown heading {line.strip()!r} in an RST page; read as "
                                                    f"the section {title!r}"))
     return "\n".join(lines)
-
-
-def _rst_title_line(lines: list[str], i: int) -> bool:
-    """A ``####...`` adornment line (only '#'), not a heading: e.g. the overline of the page title."""
-    return not lines[i].strip("#").strip()
 
 
 # -- entry point ---------------------------------------------------------------------------------------

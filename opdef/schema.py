@@ -67,6 +67,23 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class SpecWarning:
+    """Something unusual a parser read past: the document is well formed, but a reader should look.
+
+    Parsers attach these to the schema (``OpSchema.warnings``); ``oplower schema`` prints them and
+    ``--strict`` turns them into errors. A document that cannot be read raises ``SpecError`` instead.
+    """
+
+    source: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.source}:{self.line}" if self.line else self.source
+        return f"{where}: warning: {self.message}"
+
+
+@dataclass(frozen=True)
 class OpSchema:
     name: str
     domain: str
@@ -84,6 +101,8 @@ class OpSchema:
     constraints: tuple[Constraint, ...] = ()
     source: str = ""  # file the schema was parsed from
     extra: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+    # What the parser read past (not part of the op's definition, so not compared).
+    warnings: tuple[SpecWarning, ...] = field(default=(), compare=False)
 
     # -- lookups ---------------------------------------------------------------------------------
     def input(self, name: str) -> Argument:
@@ -123,7 +142,7 @@ class OpSchema:
                 d["ranks"] = [a.min_rank, a.max_rank]
             return d
 
-        return {
+        data = {
             "name": self.name,
             "domain": self.domain,
             "dialect": self.dialect,
@@ -146,6 +165,9 @@ class OpSchema:
             "constraints": [{"label": c.label, "text": c.text} for c in self.constraints],
             "source": self.source,
         }
+        if self.warnings:  # only when there are any, so a clean schema's JSON is unchanged
+            data["warnings"] = [{"line": w.line, "message": w.message} for w in self.warnings]
+        return data
 
 
 def _find(items, name, schema, what):

@@ -270,8 +270,6 @@ def test_stub_document_is_an_empty_but_valid_schema():
     (_one_arg_doc("* **one**: ``x`` - x.\n\n  * **Type**: T"), 5, "number like **1**"),
     (_one_arg_doc("* **1**: ``x`` - x.\n\n* **2**: ``x`` - again."), 7, "listed twice"),
     (_one_arg_doc("* **1**: ``x`` - x.\n\n  * **Type**: T", types="* **T**: f32, quaternion."), 17, "element types"),
-    (_one_arg_doc("* **1**: ``x`` - x.\n\n  * **Type**: T", types="* **T**: f32.\n* Constraints: T is nice."),
-     18, "can be bf16 only when"),
     ("**Versioned name**: *Op-1*\n\n**Inputs**:\n\n**Outputs**\n\n* **1**: ``y`` - y.\n", 3, "bullet list of inputs"),
     (_one_arg_doc("* **1**: ``x`` - x.\n\n  * **Type**: T3"), None, "T3"),
 ])
@@ -281,6 +279,16 @@ def test_malformed_documents_raise_spec_error_with_line(doc, line, expected):
     assert err.value.source == "bad.rst"
     assert err.value.line == line
     assert expected in err.value.message
+
+
+def test_constraint_sentence_of_no_known_form_is_kept_as_text_with_a_warning():
+    # issue 13: an unread constraint sentence is documentation, never a SpecError
+    s = opset_v0.parse(_one_arg_doc("* **1**: ``x`` - x.\n\n  * **Type**: T",
+                                    types="* **T**: f32.\n* Constraints: T is nice."), "odd.rst")
+    assert s.type_rules == ()
+    assert [(c.label, c.text) for c in s.constraints] == [("C1", "T is nice.")]
+    assert [(w.line, w.message) for w in s.warnings] == [
+        (18, "type constraint not in a form read as a rule; kept as constraint C1: 'T is nice.'")]
 
 
 def test_malformed_collapsed_document_reports_its_only_line():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from opdef.errors import SpecError
@@ -19,10 +20,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="an op type from the bundled specs (all of them when omitted), or a spec file")
     p.add_argument("--dialect", choices=DIALECTS, help="the spec file's dialect (default: detected)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--strict", action="store_true",
+                   help="treat the parser's warnings (unusual but readable documents) as errors: exit 1")
 
 
 def run(args: argparse.Namespace) -> int:
     schemas = _select(args.target, args.dialect)
+    warnings = [w for s in schemas for w in s.warnings]
+    for w in warnings:  # one line each, before any output, so they are seen even when piped
+        print(w, file=sys.stderr)
+    if args.strict and warnings:
+        first = warnings[0]
+        more = f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else ""
+        raise SpecError(first.source, first.line, f"{first.message}{more}; --strict makes warnings errors")
     if args.json:
         data = [s.to_json() for s in schemas]
         print(json.dumps(data[0] if len(data) == 1 else data, indent=2))

@@ -56,7 +56,7 @@ from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
 from opdef.errors import SpecError
-from opdef.schema import Argument, Attribute, Constraint, OpSchema
+from opdef.schema import Argument, Attribute, Constraint, OpSchema, SpecWarning
 from opdef.types import normalize_type
 
 DOMAIN = "directml"
@@ -648,8 +648,9 @@ def parse(text: str, source: str, *, include_dirs: tuple = ()) -> OpSchema:
                     members.append(_Member(r["tensor"], r["line"]))
                     member_types[r["tensor"]] = _CType(_TENSOR_TYPE, True, None, False, "const DML_TENSOR_DESC*")
 
+    warnings: list[SpecWarning] = []
     tensor_names = [m.name for m in members if member_types[m.name].base == _TENSOR_TYPE]
-    aliases = _match_rows(tables, tensor_names, source)
+    aliases = _match_rows(tables, tensor_names, source, warnings)
     if aliases:
         extra["aliases"] = tuple(aliases.items())
 
@@ -661,11 +662,21 @@ def parse(text: str, source: str, *, include_dirs: tuple = ()) -> OpSchema:
     inputs, outputs, attributes, guessed = _arguments(members, member_types, rows_by_tensor)
     if guessed:
         extra["kind_guessed"] = tuple(guessed)
+        line_of = {m.name: m.line for m in members}
+        outputs_named = {a.name for a in outputs}
+        if tables:  # old pages have no tables at all, and every kind is read from the name: not unusual there
+            for name in guessed:
+                kind = "output" if name in outputs_named else "input"
+                warnings.append(SpecWarning(source, line_of.get(name) or None,
+                                            f"no tensor-support row names {name}; read as an {kind} from its name"))
 
     constraints, groups = _constraints(sections, [a.name for a in inputs + outputs], aliases)
     inputs, outputs, type_constraints, conflicts = _type_vars(inputs, outputs, groups)
     if conflicts:
         extra["type_conflicts"] = tuple(conflicts)
+        for var, names in conflicts:
+            warnings.append(SpecWarning(source, None, f"{', '.join(names)} share a DataType but their tables allow "
+                                                      f"no common type; {var} allows the union"))
 
     availability, _ = _section_text(sections, "availability")
     level = _FEATURE_LEVEL.search(availability)
@@ -698,6 +709,7 @@ def parse(text: str, source: str, *, include_dirs: tuple = ()) -> OpSchema:
         constraints=tuple(constraints),
         source=str(source),
         extra=tuple(extra.items()),
+        warnings=tuple(warnings),
     )
 
 
@@ -733,7 +745,8 @@ def _arguments(members: list[_Member], member_types: dict[str, _CType], rows_by_
     return inputs, outputs, attributes, guessed
 
 
-def _match_rows(tables: list[_Table], tensor_names: list[str], source: str) -> dict[str, str]:
+def _match_rows(tables: list[_Table], tensor_names: list[str], source: str,
+                warnings: list[SpecWarning]) -> dict[str, str]:
     """{table row name: member name} for rows whose name is not a member's (see module docstring)."""
     known = set(tensor_names)
     folded = {n.lower(): n for n in tensor_names}
@@ -756,7 +769,10 @@ def _match_rows(tables: list[_Table], tensor_names: list[str], source: str) -> d
         name, line = next(iter(unmatched.items()))
         raise SpecError(source, line, f"tensor-support row {name!r} names no DML_TENSOR_DESC member of the struct "
                                       f"(members: {', '.join(tensor_names) or 'none'})")
-    aliases.update(zip(unmatched, unnamed, strict=True))
+    for (row_name, line), member in zip(unmatched.items(), unnamed, strict=True):
+        aliases[row_name] = member
+        warnings.append(SpecWarning(source, line, f"tensor-support row {row_name!r} names no struct member; "
+                                                  f"paired with {member!r}, the member no row names"))
     return aliases
 
 

@@ -6,7 +6,9 @@ section, grid tables under "Inputs" / "Outputs" (Name, Element Type, Shape [, No
 
 How the tables become a schema:
 
-- Every listed input and output is required (nGraph has no optional arguments).
+- Every listed input and output is required (nGraph has no optional arguments). A later table in the
+  Inputs/Outputs section without a Name column (examples: "``arg`` Shape | ``input_order`` Value") is
+  skipped with a warning; an output named like an input is kept, with a warning.
 - Element types become type variables: each cell that names types ("real", "any", "Any floating point
   type", ``element::f32`` ``element::f64``, ``ngraph::element::boolean``) starts a variable, and
   "same as ``x``" shares ``x``'s variable (forward references and references to outputs are allowed).
@@ -43,7 +45,7 @@ import docutils.nodes as dn
 
 from opdef.errors import SpecError
 from opdef.rst import parse_rst, table_rows
-from opdef.schema import Argument, Attribute, OpSchema
+from opdef.schema import Argument, Attribute, OpSchema, SpecWarning
 from opdef.types import ONNX_ELEM_TYPE, TYPE_CLASSES, normalize_type
 
 DOMAIN = "ngraph"
@@ -172,8 +174,14 @@ def parse(text: str, source: str, *, include_dirs=()) -> OpSchema:
 
     attributes = _attributes(tables.get("attributes", []), source)
     attr_names = {a.name for a in attributes}
-    rows_in = _argument_rows(tables.get("inputs", []), "input", source)
-    rows_out = _argument_rows(tables.get("outputs", []), "output", source)
+    warnings: list[SpecWarning] = []
+    rows_in = _argument_rows(tables.get("inputs", []), "input", source, warnings)
+    rows_out = _argument_rows(tables.get("outputs", []), "output", source, warnings)
+    input_names = {r["name"] for r in rows_in}
+    for row in rows_out:  # legal (upstream ops that pass a tensor through do it), but easy to misread
+        if row["name"] in input_names:
+            warnings.append(SpecWarning(source, row["line"], f"output {row['name']!r} has the name of an input; "
+                                                             "kept as two arguments"))
     inputs, outputs, constraints = _assign_types(rows_in, rows_out, attr_names, source)
 
     classes = [m.group(1) for m in re.finditer(r"^\s*\.\. doxygenclass::\s*(\S+)", text, re.M)]
@@ -185,7 +193,7 @@ def parse(text: str, source: str, *, include_dirs=()) -> OpSchema:
         name=name, domain=DOMAIN, version=max([1, *versions]), dialect=DIALECT,
         description=_description(tree, sections.get("description")),
         inputs=inputs, outputs=outputs, attributes=tuple(attributes), type_constraints=constraints,
-        source=source, extra=tuple(extra),
+        source=source, extra=tuple(extra), warnings=tuple(warnings),
     )
 
 
@@ -296,6 +304,11 @@ def _table(table: dn.table, what: str, source: str) -> tuple[list[str], list[dic
     return keys, rows, line
 
 
+def _has_name_column(table: dn.table) -> bool:
+    header, _, _ = table_rows(table)
+    return bool(header) and "name" in [h.lower() for h in header[-1]]
+
+
 def _name(cell: _Cell, what: str, source: str, line: int | None) -> str:
     candidate = (cell.literals[0] if cell.literals else cell.text).strip("`*,.:; ")
     if not _IDENT.fullmatch(candidate):
@@ -306,9 +319,16 @@ def _name(cell: _Cell, what: str, source: str, line: int | None) -> str:
 # -- Inputs / Outputs -------------------------------------------------------------------------
 
 
-def _argument_rows(tables: list[dn.table], what: str, source: str) -> list[dict]:
+def _argument_rows(tables: list[dn.table], what: str, source: str, warnings: list[SpecWarning]) -> list[dict]:
     rows: list[dict] = []
-    for table in tables:
+    for k, table in enumerate(tables):
+        if k > 0 and not _has_name_column(table):
+            # a further table of examples ("``arg`` Shape | ``input_order`` Value | Output Shape"), not arguments
+            header, _, line = table_rows(table)
+            warnings.append(SpecWarning(source, line, f"table with columns {header[-1] if header else []} after the "
+                                                      f"{what}s table has no Name column; read as examples, not "
+                                                      f"{what}s"))
+            continue
         keys, body, line = _table(table, f"{what}s", source)
         etype_key = next((k for k in keys if k.replace(" ", "") == "elementtype"), None)
         if etype_key is None and "type" not in keys:

@@ -38,6 +38,10 @@ Decisions a reader needs to know:
   ``diff_X`` takes ``X``'s variable (and ``X`` takes ``diff_X``'s); any other unnamed argument (e.g.
   ``dst`` when the header says ``Src``) takes the first column's variable. Without a data-type table (prose
   such as "arbitrary data type combinations") arguments have no type variable.
+- ``## Heading`` lines (Markdown) in an RST page are read as section titles, with a warning; an
+  Inputs/Outputs section of prose gives no arguments when a sentence negates and names them ("does not
+  support output tensor"); attribute prose that denies nothing gives no attributes, with a warning; a table
+  docutils cannot read (cut short, misaligned) is a :class:`SpecError`, never prose.
 - Stub pages (a title and prose, no attribute/argument sections and no tables) give an empty but valid
   schema (name, description, no arguments) marked ``extra["stub"] = True``, so a documentation sweep can
   list them; a page that has argument sections but a malformed or missing table is a :class:`SpecError`.
@@ -57,7 +61,7 @@ import docutils.nodes as nodes
 
 from opdef.errors import SpecError
 from opdef.rst import parse_rst
-from opdef.schema import Argument, Attribute, Constraint, OpSchema
+from opdef.schema import Argument, Attribute, Constraint, OpSchema, SpecWarning
 from opdef.types import ONNX_ELEM_TYPE, normalize_type
 
 DIALECT = "onednn"
@@ -67,6 +71,10 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 _REQUIRED = {"required": True, "mandatory": True, "optional": False}
 _NO_ARGUMENTS = ("no input", "no output", "does not have", "does not take", "does not produce", "none")
+# A sentence denies arguments when it negates and names them: "End operation does not support output tensor".
+_NEGATION = re.compile(r"\b(?:no|not|none|zero|without|never)\b|n't\b", re.I)
+_MD_HEADING = re.compile(r"(#{1,6})[ \t]+(\S.*?)[ \t#]*")
+_UNDERLINE = re.compile(r"([!-/:-@\[-`{-~])\1{2,}\s*")
 _VARIADIC_PHRASES = ("arbitrary number of", "any number of", "variable number of", "variadic")
 _ATTR_TYPES = {"bool": "bool", "boolean": "bool", "string": "string", "str": "string", "enum": "string"}
 
@@ -76,8 +84,8 @@ def looks_like(text: str) -> float:
     """Score how much ``text`` reads like a oneDNN Graph op document (0 = not at all)."""
     if "**Versioned name**" in text:  # the 2022 opset bullet style (opset_v0)
         return 0.0
-    if any(line.startswith(("# ", "## ", "### ")) for line in text.splitlines()):  # Markdown (DirectML)
-        return 0.0
+    if any(line.startswith(("# ", "## ", "### ")) for line in text.splitlines()) and not _rst_title(text):
+        return 0.0  # Markdown (DirectML); an RST page may still use a few "## Heading" lines
     lines = [line.strip() for line in text.splitlines()]
     if any(line.startswith("|") and "Element Type" in line for line in lines):  # nGraph argument tables
         return 0.0
@@ -94,8 +102,60 @@ def looks_like(text: str) -> float:
     return min(score, 1.0)
 
 
+def _rst_title(text: str) -> bool:
+    """True when some line is underlined RST-style (``Pow`` over ``###``), as Markdown never does."""
+    lines = text.splitlines()
+    return any(line.strip() and not line.startswith(" ") and _UNDERLINE.fullmatch(under)
+               and len(under.rstrip()) >= len(line.rstrip())
+               for line, under in zip(lines, lines[1:], strict=False))
+
+
+def _markdown_headings(text: str, source: str, warnings: list[SpecWarning]) -> str:
+    """Read ``## Operation attributes`` lines (Markdown in an RST page) as RST section titles.
+
+    The heading becomes a title underlined with the adornment the page itself uses at that depth
+    (``##`` = the second style in order of first use, ...), written over the blank line that follows
+    it so every later line keeps its number; a heading with no blank line after it stays text.
+    """
+    lines = text.split("\n")
+    styles: list[str] = []
+    for line, under in zip(lines, lines[1:], strict=False):
+        m = _UNDERLINE.fullmatch(under)
+        if line.strip() and not line.startswith(" ") and m and m.group(1) not in styles \
+                and len(under.rstrip()) >= len(line.rstrip()):
+            styles.append(m.group(1))
+    spare = [c for c in "*=-~^+'" if c not in styles]
+    for i, line in enumerate(lines):
+        m = _MD_HEADING.fullmatch(line)
+        if m is None:
+            continue
+        level = len(m.group(1))
+        if i + 1 < len(lines) and lines[i + 1].strip():
+            warnings.append(SpecWarning(source, i + 1, f"Markdown heading {line.strip()!r} has no blank line "
+                                                       "after it; read as text"))
+            continue
+        while len(styles) < level and spare:
+            styles.append(spare.pop(0))
+        if len(styles) < level:  # deeper than any adornment left to give it
+            warnings.append(SpecWarning(source, i + 1, f"Markdown heading {line.strip()!r} is nested too deep; "
+                                                       "read as text"))
+            continue
+        title = m.group(2)
+        lines[i] = title
+        if i + 1 < len(lines):
+            lines[i + 1] = styles[level - 1] * max(len(title), 3)
+        else:
+            lines.append(styles[level - 1] * max(len(title), 3))
+        warnings.append(SpecWarning(source, i + 1, f"Markdown heading {line.strip()!r} in an RST page; read as "
+                                                   f"the section {title!r}"))
+    return "\n".join(lines)
+
+
 # -- entry point ---------------------------------------------------------------------------------------
 def parse(text: str, source: str, *, include_dirs=()) -> OpSchema:
+    warnings: list[SpecWarning] = []
+    if _rst_title(text):
+        text = _markdown_headings(text, source, warnings)
     document = parse_rst(text, source)
     _resolve_substitutions(document, source, include_dirs)
     title_section = next((n for n in document.children if isinstance(n, nodes.section)), None)
@@ -106,6 +166,10 @@ def parse(text: str, source: str, *, include_dirs=()) -> OpSchema:
     if not _OP_NAME.fullmatch(name):
         raise SpecError(source, _line(title_section), f"expected the title to be an op name, got {name!r}")
     description = _description(title_section)
+    if not description:  # "General" / "Description" as a subsection of its own (Markdown-headed pages)
+        general = next((s for s in title_section.findall(nodes.section)
+                        if _title(s).lower() in ("general", "description", "overview")), None)
+        description = _description(general) if general is not None else ""
 
     sections = {_title(s).lower(): s for s in document.findall(nodes.section)}
     attr_section = sections.get("operation attributes") or sections.get("attributes")
@@ -114,14 +178,15 @@ def parse(text: str, source: str, *, include_dirs=()) -> OpSchema:
     if attr_section is None and in_section is None and out_section is None and args_section is None \
             and next(iter(document.findall(nodes.table)), None) is None:
         return OpSchema(name=name, domain=DOMAIN, version=1, dialect=DIALECT, description=description,
-                        source=source, extra=(("stub", True),))
+                        source=source, extra=(("stub", True),), warnings=tuple(warnings))
     if in_section is None or out_section is None:
         where = _line(args_section) if args_section is not None else _line(title_section)
         missing = "Inputs" if in_section is None else "Outputs"
         raise SpecError(source, where, f"expected an '{missing}' section with an Index / Argument Name / "
                                        "Required or Optional table")
 
-    attributes = _attributes(attr_section, source) if attr_section is not None else ()
+    _check_tables(document, source)
+    attributes = _attributes(attr_section, source, warnings) if attr_section is not None else ()
     notes = _notes(document)
     inputs = _arguments(in_section, "input", source)
     outputs = _arguments(out_section, "output", source)
@@ -138,7 +203,8 @@ def parse(text: str, source: str, *, include_dirs=()) -> OpSchema:
                         for i, (text, _line_no) in enumerate(notes, start=1))
     return OpSchema(name=name, domain=DOMAIN, version=1, dialect=DIALECT, description=description,
                     inputs=inputs, outputs=outputs, attributes=attributes, type_constraints=type_constraints,
-                    type_combinations=type_combinations, constraints=constraints, source=source)
+                    type_combinations=type_combinations, constraints=constraints, source=source,
+                    warnings=tuple(warnings))
 
 
 # -- substitutions -------------------------------------------------------------------------------------
@@ -215,8 +281,20 @@ def _own_tables(section: nodes.section) -> list[nodes.table]:
     return tables
 
 
+def _check_tables(document: nodes.document, source: str) -> None:
+    """A table docutils could not read (cut short, misaligned) is an error, never prose that loses its rows."""
+    for message in document.findall(nodes.system_message):
+        text = _fold(message.astext())
+        if message.get("level", 0) >= 3 and "table" in text.lower():
+            what = text.split(" ", 1)[1] if text.startswith("<") else text
+            what = what.split(". ")[0].split(") ", 1)[-1]
+            raise SpecError(source, message.get("line"), f"expected a well-formed table: {what}")
+
+
 def _own_prose(section: nodes.section) -> str:
-    return " ".join(_fold(p.astext()) for p in section.children if isinstance(p, nodes.paragraph))
+    """The section's own paragraphs, without its ``@note`` constraints (they say what is not allowed)."""
+    return " ".join(_fold(p.astext()) for p in section.children
+                    if isinstance(p, nodes.paragraph) and not p.astext().startswith("@note"))
 
 
 def _notes(document: nodes.document) -> list[tuple[str, int | None]]:
@@ -282,10 +360,14 @@ def _entry_rows(part) -> list[tuple[int | None, list[nodes.entry]]]:
 
 
 # -- attributes ----------------------------------------------------------------------------------------
-def _attributes(section: nodes.section, source: str) -> tuple[Attribute, ...]:
+def _attributes(section: nodes.section, source: str, warnings: list[SpecWarning]) -> tuple[Attribute, ...]:
     tables = [_Table(t, source) for t in _own_tables(section)]
-    if not tables:
-        return ()  # prose: "... does not support any attribute"
+    if not tables:  # prose: "... does not support any attribute"
+        prose = _own_prose(section)
+        if not _denies(prose, "attribute"):
+            warnings.append(SpecWarning(source, _line(section), "no attribute table and no sentence saying there "
+                                                                f"are no attributes; read as none: {prose[:60]!r}"))
+        return ()
     attributes: list[Attribute] = []
     for table in tables:
         name_col = table.column(source, "attribute name", "attribute", "name")
@@ -457,7 +539,7 @@ def _arguments(section: nodes.section, kind: str, source: str) -> tuple[Argument
     tables = _own_tables(section)
     if not tables:
         prose = _own_prose(section).lower()
-        if prose and any(phrase in prose for phrase in _NO_ARGUMENTS):
+        if prose and (any(phrase in prose for phrase in _NO_ARGUMENTS) or _denies(prose, kind)):
             return ()
         raise SpecError(source, _line(section), f"expected an {kind}s table (Index / Argument Name / Required "
                                                 f"or Optional) or a sentence saying there are no {kind}s")
@@ -487,6 +569,14 @@ def _arguments(section: nodes.section, kind: str, source: str) -> tuple[Argument
             optional = not _required_marker(cells[req_col], source, line)
             arguments.append(Argument(name=name, optional=optional, variadic=name.endswith("_i")))
     return tuple(arguments)
+
+
+def _denies(prose: str, kind: str) -> bool:
+    """Some sentence negates and names ``kind`` ("has no output tensor", "doesn't support any attribute")."""
+    for sentence in re.split(r"(?<=[.;!])\s+", prose):
+        if _NEGATION.search(sentence) and re.search(rf"\b{kind}s?\b", sentence, re.I):
+            return True
+    return False
 
 
 def _argument_name(entry: nodes.entry, source: str, line: int) -> str:

@@ -19,7 +19,14 @@ Quirks handled here:
   back onto the collapsed text.
 - Labels with or without a colon, inside or outside the bold (``**Inputs**``, ``**Inputs**:``,
   ``**Detailed description:**``); type variables as ``*T*`` or ``**T**``.
-- "**Attributes**: *ReLU* operation has no attributes." (prose, no list) means no attributes.
+- "**Attributes**: *ReLU* operation has no attributes." (prose, no list) means no attributes, and so does
+  an indented sentence under the label ("No attributes available."; a warning unless it negates).
+- "**Attributes**: * *epsilon*" (the first item on the label's line, one lost line break) is split before
+  parsing, with a warning; line numbers stay those of the source.
+- Constraints: each sentence is read clause by clause (``;``) as "*V* can be X only when *W* is Y",
+  "when *W* is Y, *V* should/must/can be X" or "*V* should be X when *W* is Y"; an implication becomes the
+  equivalent :class:`TypeRule` (V outside X only when W outside Y). A sentence with any other clause is
+  kept verbatim as a Constraint C1, C2 ... with a warning, never a SpecError.
 - Two names for one argument (``result_forward`` / ``input_forward``) are joined as
   ``result_forward/input_forward``, the way oneDNN's own op definitions name such arguments.
 - ``**Required**.`` / ``**Optional**.`` / ``**Optional.**.`` markers; an argument without one is required.
@@ -46,7 +53,7 @@ import docutils.nodes as dn
 
 from opdef.errors import SpecError
 from opdef.rst import parse_rst
-from opdef.schema import Argument, Attribute, OpSchema, TypeRule
+from opdef.schema import Argument, Attribute, Constraint, OpSchema, SpecWarning, TypeRule
 from opdef.types import ONNX_ELEM_TYPE, normalize_type
 
 DOMAIN = "onednn"
@@ -211,6 +218,10 @@ class _Doc:
     def __init__(self, source: str, line_map: list[int] | None) -> None:
         self.source = source
         self.line_map = line_map
+        self.warnings: list[SpecWarning] = []
+
+    def warn(self, node: dn.Node | None, message: str) -> None:
+        self.warnings.append(SpecWarning(self.source, self.line(node), message))
 
     def line(self, node: dn.Node | None) -> int | None:
         line = None
@@ -292,11 +303,41 @@ def _marked(node: dn.Node) -> list[str]:
     return [_text(n) for n in node.findall(lambda n: isinstance(n, (dn.emphasis, dn.literal, dn.strong)))]
 
 
+_LABEL_THEN_BULLET = re.compile(r"(\*\*[A-Z][A-Za-z ]*:?\*\*:?)[ \t]+(\* \S.*)")
+
+
+def split_label_lines(text: str) -> tuple[str, list[int], list[tuple[int, str]]]:
+    """``**Attributes**: * *epsilon*`` (one lost line break) -> the label, a blank line, the bullet.
+
+    Returns the text, for each of its lines the line number in ``text``, and (line, label) per split.
+    """
+    out: list[str] = []
+    line_map: list[int] = []
+    splits: list[tuple[int, str]] = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        m = _LABEL_THEN_BULLET.fullmatch(line.rstrip())
+        if m is None:
+            out.append(line)
+            line_map.append(number)
+            continue
+        out += [m.group(1), "", m.group(2)]
+        line_map += [number] * 3
+        splits.append((number, m.group(1)))
+    return "\n".join(out), line_map, splits
+
+
 def parse(text: str, source: str, *, include_dirs=()) -> OpSchema:
     line_map = None
-    if is_collapsed(text):
+    splits: list[tuple[int, str]] = []
+    collapsed = is_collapsed(text)
+    if collapsed:
         text, line_map = restore_layout(text)
+    else:
+        text, line_map, splits = split_label_lines(text)
     doc = _Doc(source, line_map)
+    for number, label in splits:
+        doc.warnings.append(SpecWarning(source, number, f"{label} and its first item share a line (a lost line "
+                                                        "break); read as a label and a list"))
     tree = parse_rst(text, source)
     sections: dict[str, tuple[str, dn.paragraph, list[dn.Node]]] = {}
     current: list[dn.Node] | None = None
@@ -319,7 +360,7 @@ def parse(text: str, source: str, *, include_dirs=()) -> OpSchema:
     if not stub and "inputs" not in sections and "outputs" not in sections:
         raise doc.error(para, "expected '**Inputs**' and '**Outputs**' sections")
 
-    type_vars, rules = _types(sections.get("types"), doc)
+    type_vars, rules, constraints = _types(sections.get("types"), doc)
     inputs = _arguments(sections.get("inputs"), "input", type_vars, doc)
     outputs = _arguments(sections.get("outputs"), "output", type_vars, doc)
     attributes = _attributes(sections.get("attributes"), doc)
@@ -333,7 +374,8 @@ def parse(text: str, source: str, *, include_dirs=()) -> OpSchema:
         name=name, domain=DOMAIN, version=version, dialect=DIALECT,
         description=sections.get("short description", ("",))[0],
         inputs=tuple(inputs), outputs=tuple(outputs), attributes=tuple(attributes),
-        type_constraints=tuple(type_vars.items()), type_rules=tuple(rules), source=source, extra=tuple(extra),
+        type_constraints=tuple(type_vars.items()), type_rules=tuple(rules), constraints=tuple(constraints),
+        source=source, extra=tuple(extra), warnings=tuple(doc.warnings),
     )
 
 
@@ -348,6 +390,11 @@ def _only_list(section, what: str, doc: _Doc, *, prose_ok: bool) -> list[dn.list
     if not lists:
         if prose_ok and value:
             return []
+        prose = " ".join(_text(b) for b in blocks if isinstance(b, (dn.paragraph, dn.block_quote)))
+        if prose_ok and prose:  # "**Attributes**:" over an indented "No attributes available."
+            if not _NEGATION.search(prose):
+                doc.warn(para, f"no list after this label, only prose; read as no {what}: {prose[:60]!r}")
+            return []
         raise doc.error(para, f"expected a bullet list of {what} after this label")
     return [item for lst in lists for item in lst.children if isinstance(item, dn.list_item)]
 
@@ -355,6 +402,12 @@ def _only_list(section, what: str, doc: _Doc, *, prose_ok: bool) -> list[dn.list
 # -- Types ------------------------------------------------------------------------------------
 
 _RULE = re.compile(r"\*?(\w+)\*?\s+can\s+be\s+(.+?)\s+only\s+(?:when|if)\s+\*?(\w+)\*?\s+is\s+(.+?)\s*$", re.I)
+# "When T1 is f32, T2 should be f16 or bf16" and "T2 should be f32 when T1 is f16": an implication.
+_MODAL = r"(?:should|must|shall|can|may|will|has\s+to)\s+be"
+_WHEN_THEN = re.compile(rf"(?:when|if)\s+\*?(\w+)\*?\s+is\s+(.+?),\s*(?:then\s+)?\*?(\w+)\*?\s+{_MODAL}\s+(.+?)\s*$",
+                        re.I)
+_THEN_WHEN = re.compile(rf"\*?(\w+)\*?\s+{_MODAL}\s+(.+?)\s+(?:when|if)\s+\*?(\w+)\*?\s+is\s+(.+?)\s*$", re.I)
+_NEGATION = re.compile(r"\b(?:no|not|none|without)\b|n't\b", re.I)
 
 
 def _type_list(text: str) -> tuple[str, ...]:
@@ -362,11 +415,15 @@ def _type_list(text: str) -> tuple[str, ...]:
     return tuple(normalize_type(w) for w in words if w.strip("*` "))
 
 
-def _types(section, doc: _Doc) -> tuple[dict[str, tuple[str, ...]], list[TypeRule]]:
+def _types(section, doc: _Doc) -> tuple[dict[str, tuple[str, ...]], list[TypeRule], list[Constraint]]:
+    """Type variables, the constraints read as type rules, and constraint sentences kept as text."""
     if section is None:
-        return {}, []
+        return {}, [], []
     type_vars: dict[str, tuple[str, ...]] = {}
     rules: list[TypeRule] = []
+    # (then var, then types, when var, when types, text): "when <when> is A, <then> should be B"
+    implications: list[tuple[str, tuple[str, ...], str, tuple[str, ...], str]] = []
+    constraints: list[Constraint] = []
     for item in _only_list(section, "type variables", doc, prose_ok=False):
         para = _first_paragraph(item)
         if para is None:
@@ -378,12 +435,24 @@ def _types(section, doc: _Doc) -> tuple[dict[str, tuple[str, ...]], list[TypeRul
             for sentence in re.split(r"(?<=\.)\s+", rest.strip()):
                 if not sentence.strip():
                     continue
-                m = _RULE.match(sentence.strip().rstrip("."))
-                if not m:
-                    raise doc.error(para, "expected a constraint like '*T2* can be bf16 only when *T1* is bf16', "
-                                          f"got {sentence.strip()!r}")
-                rules.append(TypeRule(m.group(1), _type_list(m.group(2)), m.group(3), _type_list(m.group(4)),
-                                      sentence.strip()))
+                read = _constraint_clauses(sentence.strip().rstrip("."))
+                if read is None:  # a sentence this grammar has no form for: documented, not checked
+                    label = f"C{len(constraints) + 1}"
+                    constraints.append(Constraint(label, sentence.strip()))
+                    doc.warn(para, f"type constraint not in a form read as a rule; kept as constraint {label}: "
+                                   f"{sentence.strip()!r}")
+                    continue
+                for kind, m, clause in read:
+                    clause = sentence.strip() if len(read) == 1 else clause  # a whole sentence keeps its period
+                    if kind == "only":
+                        rules.append(TypeRule(m.group(1), _type_list(m.group(2)), m.group(3),
+                                              _type_list(m.group(4)), clause))
+                    elif kind == "when":
+                        implications.append((m.group(3), _type_list(m.group(4)), m.group(1),
+                                             _type_list(m.group(2)), clause))
+                    else:
+                        implications.append((m.group(1), _type_list(m.group(2)), m.group(3),
+                                             _type_list(m.group(4)), clause))
         elif key.lower() == "note" or not sep:
             continue
         elif re.fullmatch(r"[A-Za-z_]\w*", key):
@@ -392,11 +461,36 @@ def _types(section, doc: _Doc) -> tuple[dict[str, tuple[str, ...]], list[TypeRul
             if not types or unknown:
                 raise doc.error(para, f"expected element types for {key} (f32, f16, bf16, ...), got {rest.strip()!r}")
             type_vars[key] = types
+    for var, types, when_var, when_types, text in implications:
+        for v in (var, when_var):
+            if v not in type_vars:
+                raise SpecError(doc.source, None, f"type constraint names {v}, which '**Types**' does not define")
+        # "when W in A, V in B" is, read backwards, "V outside B only when W outside A": a TypeRule.
+        outside = tuple(t for t in type_vars[var] if t not in types)
+        if outside:
+            rules.append(TypeRule(var, outside, when_var, tuple(t for t in type_vars[when_var] if t not in when_types),
+                                  text))
     for rule in rules:
         for var in (rule.var, rule.when_var):
             if var not in type_vars:
                 raise SpecError(doc.source, None, f"type constraint names {var}, which '**Types**' does not define")
-    return type_vars, rules
+    return type_vars, rules, constraints
+
+
+def _constraint_clauses(sentence: str) -> list[tuple[str, re.Match, str]] | None:
+    """Each ';'-separated clause as (form, match, clause text); None unless every clause has a known form."""
+    read = []
+    for clause in (c.strip() for c in sentence.split(";")):
+        if not clause:
+            continue
+        for kind, pattern in (("only", _RULE), ("when", _WHEN_THEN), ("then", _THEN_WHEN)):
+            m = pattern.match(clause)
+            if m and all(t in ONNX_ELEM_TYPE for g in (2, 4) for t in _type_list(m.group(g))):
+                read.append((kind, m, clause))
+                break
+        else:
+            return None
+    return read or None
 
 
 # -- Inputs / Outputs -------------------------------------------------------------------------

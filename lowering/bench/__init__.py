@@ -264,13 +264,16 @@ def time_in_graph(layout: str, channels: int, size: int, batch: int, reps: int, 
 
 def _interleaved(runners: dict[str, Callable[[], object]], reps: int) -> dict[str, list[float]]:
     """Each runner's times: WARMUP untimed rounds, then ``reps`` single runs of each, interleaved with short
-    busy pauses."""
+    busy pauses. Odd rounds run the runners after the first in reverse (A B C, A C B, A B C ...), so with
+    three runners each one follows each of the others equally often and never itself (a fixed order would
+    always put the peer right behind torch's OpenMP threads); two runners simply alternate."""
     times: dict[str, list[float]] = {k: [] for k in runners}
     for _ in range(WARMUP):
         for fn in runners.values():
             fn()
-    for _ in range(reps):
-        for key, fn in runners.items():
+    order = list(runners.items())
+    for round_ in range(reps):
+        for key, fn in order if round_ % 2 == 0 else order[:1] + order[:0:-1]:
             _busy_wait(PAUSE)
             t0 = time.perf_counter()
             fn()

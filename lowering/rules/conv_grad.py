@@ -9,13 +9,16 @@
   then it is transposed to W's [M, C/group, K...]. Grouped, the view needs X's spatial dims static.
 - ``dB``: ReduceSum of dY over every axis but 1.
 
-f16 is cast up to f32 once and rounded once (onnxruntime has no f16 Conv of its own on every build).
+f16 and f64 are computed in f32 (cast once, rounded once): onnxruntime's CPU provider has no f64 Conv or
+ConvTranspose, and not every build has f16 ones.
 """
 
 from __future__ import annotations
 
+from onnx import TensorProto
+
 from lowering.builder import NodeBuilder
-from lowering.emit_common import Emitter, compute_type
+from lowering.emit_common import Emitter
 from lowering.rules import LoweringRequest, register_rule
 from lowering.rules.elementwise_grad import input_elem
 from opdef.errors import LoweringError
@@ -48,7 +51,7 @@ def lower_conv_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         params = conv_parameters(request.inference.attributes, spatial, w_shape[2:])
     except ParameterError as exc:
         raise _fail(request, str(exc)) from None
-    e = Emitter(b, compute_type(io))
+    e = Emitter(b, TensorProto.FLOAT)
     dy = e.up(request.input("dY"), io)
     if db_out is not None:
         _final(e, db_out, io, lambda target: e.reduce("ReduceSum", dy, (0, *range(2, rank)), keepdims=0,

@@ -190,9 +190,11 @@ class _Lowering:
         self._call_sites: dict[graphs.FunctionKey, list[tuple[TensorType | None, ...]]] = {}
         self._added = 0
         self._inferences: dict[tuple, tuple[NodeInference, tuple[str, ...]]] = {}
+        # default-domain training ops (MaxPoolGrad ...) exist from an opset on: the model's decides
+        self._default_opset = graphs.default_opset(self.model.opset_import)
 
     def _is_target(self, node: onnx.NodeProto) -> bool:
-        return self.registry.handles(node.domain, node.op_type)
+        return self.registry.handles(node.domain, node.op_type, self._default_opset)
 
     def run(self) -> tuple[onnx.ModelProto, bool]:
         model = self.model

@@ -145,3 +145,56 @@ def softmax_cross_entropy_loss_grad(dy, log_prob, label, weight=None, *, reducti
     np.put_along_axis(onehot, safe[..., None], 1.0, axis=-1)
     d = (np.exp(_class_last(lp)) - onehot) * g[..., None]
     return np.moveaxis(d, -1, 1)
+
+
+# -- pooling -------------------------------------------------------------------------------------------
+
+def _pool_windows(spatial, outputs, kernel, strides, pads):
+    """(output position, slices of the window inside the input, positions inside) for every output."""
+    for o in itertools.product(*(range(n) for n in outputs)):
+        starts = [o[a] * strides[a] - pads[a] for a in range(len(o))]
+        window = tuple(slice(max(s, 0), min(s + kernel[a], spatial[a])) for a, s in enumerate(starts))
+        yield o, window, int(np.prod([w.stop - w.start for w in window]))
+
+
+def max_pool(x, kernel, strides, pads, output_shape):
+    """MaxPool in float64 with onnxruntime's indices (flat positions in the whole input); ``output_shape``
+    gives the spatial output size (floor or ceil mode decided by the caller)."""
+    x = _f64(x)
+    n, c = x.shape[:2]
+    y = np.zeros((n, c, *output_shape))
+    indices = np.zeros(y.shape, np.int64)
+    flat_index = np.arange(x.size).reshape(x.shape)
+    for o, window, _ in _pool_windows(x.shape[2:], output_shape, kernel, strides, pads):
+        patch = x[(slice(None), slice(None), *window)].reshape(n, c, -1)
+        where = patch.argmax(axis=-1)
+        y[(slice(None), slice(None), *o)] = np.take_along_axis(patch, where[..., None], -1)[..., 0]
+        positions = flat_index[(slice(None), slice(None), *window)].reshape(n, c, -1)
+        indices[(slice(None), slice(None), *o)] = np.take_along_axis(positions, where[..., None], -1)[..., 0]
+    return y, indices
+
+
+def max_pool_grad(dy, indices, x_shape) -> np.ndarray:
+    dx = np.zeros(int(np.prod(x_shape)))
+    np.add.at(dx, np.asarray(indices).ravel(), _f64(dy).ravel())
+    return dx.reshape(x_shape)
+
+
+def average_pool(x, kernel, strides, pads, output_shape, count_include_pad: int = 0) -> np.ndarray:
+    x = _f64(x)
+    y = np.zeros((*x.shape[:2], *output_shape))
+    for o, window, inside in _pool_windows(x.shape[2:], output_shape, kernel, strides, pads):
+        count = int(np.prod(kernel)) if count_include_pad else inside
+        y[(slice(None), slice(None), *o)] = x[(slice(None), slice(None), *window)].sum(
+            axis=tuple(range(2, x.ndim))) / count
+    return y
+
+
+def average_pool_grad(dy, x_shape, kernel, strides, pads, count_include_pad: int = 0) -> np.ndarray:
+    dy = _f64(dy)
+    dx = np.zeros(x_shape)
+    for o, window, inside in _pool_windows(x_shape[2:], dy.shape[2:], kernel, strides, pads):
+        count = int(np.prod(kernel)) if count_include_pad else inside
+        g = dy[(slice(None), slice(None), *o)] / count
+        dx[(slice(None), slice(None), *window)] += g.reshape(g.shape + (1,) * (len(x_shape) - 2))
+    return dx

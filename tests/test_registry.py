@@ -24,6 +24,8 @@ BUNDLED = {
     ("com.microsoft", "Scale"): "onednn",
     ("com.microsoft", "ConvGrad"): "onednn",
     ("com.microsoft", "SoftmaxCrossEntropyLossGrad"): "onednn",
+    ("", "MaxPoolGrad"): "onednn",
+    ("", "AveragePoolGrad"): "onednn",
 }
 
 

@@ -258,3 +258,26 @@ def test_pool_grad_references_match_finite_differences(x_shape, kernel, strides,
         forward = lambda z, include=include: np.sum(dy * ref.average_pool(z, kernel, strides, pads, out, include))  # noqa: E731
         for v, numeric in numeric_gradient(forward, x):
             assert abs(np.sum(dx * v) - numeric) <= 1e-7 * max(1.0, abs(numeric))
+
+
+def test_cli_lower_refuses_an_unknown_default_domain_op(tmp_path, capsys):
+    from lowering.cli import main
+
+    node = helper.make_node("NoSuchOpGrad", ["dy"], ["dx"], name="mystery")
+    source, target = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(_model(node, [("dy", F32, [2, 3])], [2, 3], 17), source)
+    assert main(["lower", str(source), "-o", str(target)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'mystery': unknown op type 'NoSuchOpGrad'" in err
+    assert not target.exists()
+
+
+def test_cli_check_lists_the_pool_gradients(tmp_path, capsys):
+    from lowering.cli import main
+
+    node = helper.make_node("AveragePoolGrad", ["dy"], ["dx"], name="apg", kernel_shape=[2, 2], strides=[2, 2])
+    source = tmp_path / "m.onnx"
+    onnx.save(_model(node, [("dy", F32, [2, 3, 3, 3])], [2, 3, 6, 6], 12), source)
+    assert main(["check", str(source)]) == 0
+    out = capsys.readouterr().out
+    assert "AveragePoolGrad 'apg'" in out and "f32 [2,3,6,6]" in out

@@ -81,6 +81,9 @@ BAD_BINDINGS = {
     "shared-domains-not-list": (lambda d: d.update(shared_domains="com.microsoft"), "shared_domains"),
     "ops-missing": (lambda d: d.pop("ops"), '"ops" list'),
     "missing-document": (lambda d: _first(d).update(spec="onednn/Nope.rst"), "cannot read"),
+    "default-domain-without-since-opset": (lambda d: next(o for o in d["ops"] if o["domain"] == "").pop("since_opset"),
+                                           "a default-domain op needs 'since_opset'"),
+    "since-opset-not-int": (lambda d: _first(d).update(since_opset="9"), "since_opset must be a non-negative integer"),
 }
 
 

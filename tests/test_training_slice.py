@@ -46,7 +46,8 @@ def _model(p, opset):
     nodes = [
         helper.make_node("Conv", ["x", "w", "b"], ["conv"], name="conv", pads=PADS),
         helper.make_node("Relu", ["conv"], ["relu"], name="relu"),
-        helper.make_node("MaxPool", ["relu"], ["pooled", "indices"], name="maxpool", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("MaxPool", ["relu"], ["pooled", "indices"], name="maxpool", kernel_shape=[2, 2],
+                         strides=[2, 2]),
         helper.make_node("AveragePool", ["pooled"], ["avg"], name="avgpool", kernel_shape=[2, 2], strides=[2, 2]),
         helper.make_node("Flatten", ["avg"], ["flat"], name="flatten"),
         helper.make_node("MatMul", ["flat", "fc"], ["logits"], name="fc"),
@@ -67,10 +68,9 @@ def _model(p, opset):
         helper.make_node("ConvGrad", ["conv_grad_in", "x", "w"], ["", "w_grad", "b_grad"], name="conv_grad",
                          domain=MS, pads=PADS),
     ]
-    inits = [numpy_helper.from_array(p["w"].astype(np.float32), "w"), numpy_helper.from_array(p["b"].astype(np.float32), "b"),
-             numpy_helper.from_array(p["fc"].astype(np.float32), "fc"),
-             numpy_helper.from_array(np.array([1.0], np.float32), "one"),
-             numpy_helper.from_array(np.array([N, M, q, q], np.int64), "avg_shape")]
+    inits = [numpy_helper.from_array(p[name].astype(np.float32), name) for name in ("w", "b", "fc")] + [
+        numpy_helper.from_array(np.array([1.0], np.float32), "one"),
+        numpy_helper.from_array(np.array([N, M, q, q], np.int64), "avg_shape")]
     graph = helper.make_graph(
         nodes, "train", [vi("x", F32, [N, C, H, H]), vi("label", I64, [N]), vi("loss_grad_in", F32, [])],
         [vi("loss", F32, []), vi("w_grad", F32, [M, C, 3, 3]), vi("b_grad", F32, [M])], inits,

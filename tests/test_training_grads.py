@@ -14,6 +14,8 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from lowering.passes import lower_model
@@ -426,3 +428,45 @@ def test_relu_grad_and_scale_references_match_finite_differences():
         # Scale is linear in its input: its gradient is Scale of dY with the same factor
         for v, numeric in numeric_gradient(forward, x):
             assert abs(np.sum(ref.scale(dy, s, down) * v) - numeric) <= 1e-6 * max(1.0, abs(numeric))
+
+
+@given(st.data())
+def test_conv_grad_lowering_over_random_geometry(data):
+    """Any legal geometry: 1-3 spatial axes, groups, strides, dilations and (asymmetric) pads."""
+    spatial = data.draw(st.integers(1, 3), "spatial axes")
+    group = data.draw(st.sampled_from([1, 2, 3]), "group")
+    per_group_in, per_group_out = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))
+    kernel = [data.draw(st.integers(1, 3)) for _ in range(spatial)]
+    dilations = [data.draw(st.integers(1, 2)) for _ in range(spatial)]
+    strides = [data.draw(st.integers(1, 3)) for _ in range(spatial)]
+    pads = [data.draw(st.integers(0, 2)) for _ in range(2 * spatial)]
+    sizes = []
+    for a in range(spatial):  # big enough for one window
+        span = dilations[a] * (kernel[a] - 1) + 1
+        sizes.append(data.draw(st.integers(max(1, span - pads[a] - pads[a + spatial]), span + 4)))
+    x_shape = (2, group * per_group_in, *sizes)
+    w_shape = (group * per_group_out, per_group_in, *kernel)
+    attrs = {"group": group, "strides": strides, "dilations": dilations, "pads": pads}
+    x, w, dy, (dx, dw, db) = _conv_case(x_shape, w_shape, attrs)
+    model = one_node_model(_conv(**attrs), [("dy", F32, list(dy.shape)), ("x", F32, list(x_shape)),
+                                            ("w", F32, list(w_shape))],
+                           [("dx", F32, list(x_shape)), ("dw", F32, list(w_shape)), ("db", F32, [w_shape[0]])])
+    got = lowered_outputs(model, {"dy": dy, "x": x, "w": w})
+    # f32 sums that cancel: bound the error by the sum of the terms' magnitudes, not by the result
+    geometry = {k: attrs[k] for k in ("strides", "dilations", "pads")}
+    magnitudes = ref.conv_grad(np.abs(dy), np.abs(x), np.abs(w), group=group, **geometry)
+    for name, want, size in zip(("dx", "dw", "db"), (dx, dw, db), magnitudes, strict=True):
+        assert np.all(np.abs(got[name] - want) <= 1e-6 * size + 1e-30), name
+
+
+@pytest.mark.parametrize("elem", [F16, BF16])
+def test_sce_grad_low_precision(elem):
+    shape, reduction, weighted, ignore_index, _ = SCE_CASES[3]
+    _, label, weight, log_prob, dy = _sce_case(shape, reduction, weighted, ignore_index)
+    inputs = [("dy", elem, []), ("lp", elem, list(shape)), ("label", I64, list(label.shape)), ("w", elem, [shape[1]])]
+    feeds = {"dy": dy.astype(NP[elem]), "lp": log_prob.astype(NP[elem]), "label": label, "w": weight.astype(NP[elem])}
+    model = one_node_model(_sce(("dy", "lp", "label", "w"), reduction=reduction, ignore_index=ignore_index), inputs,
+                           [("dl", elem, list(shape))])
+    want = ref.softmax_cross_entropy_loss_grad(feeds["dy"], feeds["lp"], label, feeds["w"], reduction=reduction,
+                                               ignore_index=ignore_index)
+    close(lowered_outputs(model, feeds)["dl"], want, elem, "d_logits")

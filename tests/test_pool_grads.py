@@ -15,6 +15,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from test_training_grads import SPECS, close, numeric_gradient  # noqa: E402  (tests/ is on the path)
 
@@ -281,3 +283,31 @@ def test_cli_check_lists_the_pool_gradients(tmp_path, capsys):
     assert main(["check", str(source)]) == 0
     out = capsys.readouterr().out
     assert "AveragePoolGrad 'apg'" in out and "f32 [2,3,6,6]" in out
+
+
+@given(st.data())
+def test_pool_grads_over_random_geometry(data):
+    """Any legal window geometry, 1-3 spatial axes, both roundings, both opset paths of MaxPoolGrad."""
+    spatial = data.draw(st.integers(1, 3), "spatial axes")
+    kernel = [data.draw(st.integers(1, 3)) for _ in range(spatial)]
+    strides = [data.draw(st.integers(1, 3)) for _ in range(spatial)]
+    pads = [data.draw(st.integers(0, k - 1)) for k in kernel] + [data.draw(st.integers(0, k - 1)) for k in kernel]
+    sizes = [data.draw(st.integers(kernel[a], kernel[a] + 5)) for a in range(spatial)]
+    ceil_mode = data.draw(st.integers(0, 1), "ceil_mode")
+    x_shape = (2, 2, *sizes)
+    x, out, rng = _case(x_shape, kernel, strides, pads, ceil_mode)
+    # ONNX: with ceil_mode a last window that would start in the end padding is dropped
+    out = [o - 1 if ceil_mode and (o - 1) * s >= size + begin else o
+           for o, s, size, begin in zip(out, strides, sizes, pads[:spatial], strict=True)]
+    y, indices = ref.max_pool(x, kernel, strides, pads, out)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads, "ceil_mode": ceil_mode}
+    opset = data.draw(st.sampled_from([12, 17]), "opset")
+    node = helper.make_node("MaxPoolGrad", ["dy", "ind"], ["dx"], name="mpg", **attrs)
+    model = _model(node, [("dy", F32, list(dy.shape)), ("ind", I64, list(dy.shape))], list(x_shape), opset)
+    close(_run(model, {"dy": dy, "ind": indices})[1], ref.max_pool_grad(dy, indices, x_shape), F32, "MaxPoolGrad")
+    include = data.draw(st.integers(0, 1), "count_include_pad")
+    node = helper.make_node("AveragePoolGrad", ["dy"], ["dx"], name="apg", count_include_pad=include, **attrs)
+    model = _model(node, [("dy", F32, list(dy.shape))], list(x_shape), opset)
+    close(_run(model, {"dy": dy})[1], ref.average_pool_grad(dy, x_shape, kernel, strides, pads, include), F32,
+          "AveragePoolGrad")

@@ -311,3 +311,13 @@ def test_pool_grads_over_random_geometry(data):
     model = _model(node, [("dy", F32, list(dy.shape))], list(x_shape), opset)
     close(_run(model, {"dy": dy})[1], ref.average_pool_grad(dy, x_shape, kernel, strides, pads, include), F32,
           "AveragePoolGrad")
+
+
+def test_default_domain_schemas_are_registered_from_their_since_opset():
+    register_onnx_schemas()
+    assert onnx.defs.get_schema("MaxPoolGrad", 17, "").since_version == 9
+    node = helper.make_node("MaxPoolGrad", ["dy", "ind"], ["dx"], name="mpg")
+    model = _model(node, [("dy", F32, [2, 3, 2, 2]), ("ind", I64, [2, 3, 2, 2])], [2, 3, 4, 4], 8)
+    model.ir_version = 4
+    with pytest.raises(onnx.checker.ValidationError, match="MaxPoolGrad"):
+        onnx.checker.check_model(model)

@@ -70,7 +70,8 @@ def _final(e: Emitter, out: str, io: int, emit) -> None:
         e.b.op1("Cast", [emit(None)], out, to=io)
 
 
-def _input_gradient(e: Emitter, request, params: ConvParameters, dy: str, x_shape, w_shape, out: str, io: int):
+def _input_gradient(e: Emitter, request: LoweringRequest, params: ConvParameters, dy: str, x_shape, w_shape,
+                    out: str, io: int) -> None:
     spatial = len(w_shape) - 2
     w = e.up(request.input("W"), io)
     output_padding = []
@@ -91,7 +92,8 @@ def _input_gradient(e: Emitter, request, params: ConvParameters, dy: str, x_shap
     _final(e, out, io, lambda target: e.b.op1("ConvTranspose", [dy, w], target, **attrs))
 
 
-def _kernel_gradient(e: Emitter, request, params: ConvParameters, dy: str, x_shape, w_shape, out: str, io: int):
+def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameters, dy: str, x_shape, w_shape,
+                     out: str, io: int) -> None:
     b = e.b
     spatial = len(w_shape) - 2
     group = params.group

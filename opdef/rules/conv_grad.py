@@ -93,7 +93,8 @@ def conv_grad(ctx: NodeContext) -> RuleResult:
     _check_dy(ctx, x, w, dy, params)
     _set(ctx, "dX", x)
     _set(ctx, "dW", w)
-    _set(ctx, "dB", None if w is None and dy is None else ((w or dy)[0] if w is not None else dy[1],))
+    channels_out = w[0] if w is not None else dy[1] if dy is not None else None  # M
+    _set(ctx, "dB", (channels_out,))
     return RuleResult(roles=bound_roles(ctx), rank=rank)
 
 

@@ -107,3 +107,44 @@ def test_cnn_backward_slice_runs_on_plain_onnxruntime(opset):
         eps = 1e-6
         numeric = (_forward(p, w=p["w"] + eps * v)[0] - _forward(p, w=p["w"] - eps * v)[0]) / (2 * eps)
         assert abs(float(np.sum(dw * v)) - float(numeric)) <= 1e-6 * max(1.0, abs(float(numeric)))
+
+
+def test_reference_evaluator_runs_the_gradient_ops_like_the_lowering():
+    """runtime.reference_eval (onnx.reference + the float64 op references) knows ReluGrad, Scale, ConvGrad and
+    SoftmaxCrossEntropyLossGrad, so `oplower run --check` works on such graphs."""
+    from runtime.reference_eval import evaluate
+
+    rng = np.random.default_rng(2)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["conv"], name="conv", pads=PADS, strides=[2, 2]),
+        helper.make_node("Relu", ["conv"], ["relu"], name="relu"),
+        helper.make_node("Flatten", ["relu"], ["flat"], name="flatten"),
+        helper.make_node("MatMul", ["flat", "fc"], ["logits"], name="fc"),
+        helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "label"], ["loss", "log_prob"], name="loss"),
+        helper.make_node("Scale", ["loss_grad_in", "one"], ["loss_grad"], name="loss_scale", domain=MS),
+        helper.make_node("SoftmaxCrossEntropyLossGrad", ["loss_grad", "log_prob", "label"], ["logits_grad"],
+                         name="loss_grad", domain=MS),
+        helper.make_node("Transpose", ["fc"], ["fc_t"], name="fc_t", perm=[1, 0]),
+        helper.make_node("MatMul", ["logits_grad", "fc_t"], ["flat_grad"], name="flat_grad"),
+        helper.make_node("Reshape", ["flat_grad", "relu_shape"], ["relu_grad_out"], name="unflatten"),
+        helper.make_node("ReluGrad", ["relu_grad_out", "relu"], ["conv_grad_in"], name="relu_grad", domain=MS),
+        helper.make_node("ConvGrad", ["conv_grad_in", "x", "w"], ["x_grad", "w_grad", "b_grad"], name="conv_grad",
+                         domain=MS, pads=PADS, strides=[2, 2]),
+    ]
+    q = H // 2
+    inits = [numpy_helper.from_array((rng.standard_normal((M, C, 3, 3)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal((M * q * q, CLASSES)) * 0.3).astype(np.float32), "fc"),
+             numpy_helper.from_array(np.array([1.0], np.float32), "one"),
+             numpy_helper.from_array(np.array([N, M, q, q], np.int64), "relu_shape")]
+    graph = helper.make_graph(nodes, "train", [vi("x", F32, [N, C, H, H]), vi("label", I64, [N]),
+                                               vi("loss_grad_in", F32, [])],
+                              [vi(name, F32, None) for name in ("loss", "x_grad", "w_grad", "b_grad")], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    feeds = {"x": rng.standard_normal((N, C, H, H)).astype(np.float32), "label": rng.integers(0, CLASSES, N),
+             "loss_grad_in": np.array(1.0, np.float32)}
+    want = evaluate(model, feeds)
+    got = run_model(lower_model(model), feeds)
+    for name in ("loss", "x_grad", "w_grad", "b_grad"):
+        err = np.max(np.abs(got[name] - want[name])) / np.max(np.abs(want[name]))
+        assert err <= 2e-6, f"{name}: {err:.3g}"

@@ -79,6 +79,9 @@ def test_relu_grad_and_scale_schemas():
     assert [a.name for a in s.inputs] == ["input", "scale"] and [a.name for a in s.outputs] == ["output"]
     (attr,) = s.attributes
     assert (attr.name, attr.type, attr.required, attr.default) == ("scale_down", "s64", False, 0)
+    t = {a.name: a.type_var for a in (*s.inputs, *s.outputs)}
+    assert {dict(c)[t["scale"]] for c in s.type_combinations} == {"f32", "f16", "f64", "s32", "s64"}
+    assert {dict(c)[t["input"]] for c in s.type_combinations} == {"f32", "f16", "f64"}
 
 
 def test_conv_grad_schema():
@@ -239,11 +242,11 @@ def test_relu_grad_lowering(elem, opset):  # bf16 is no type of opset 12
 
 @pytest.mark.parametrize("scale_down", [0, 1])
 @pytest.mark.parametrize("elem, scale_elem, scale_shape", [(F32, F32, [1]), (F32, F32, []), (F16, F32, [1]),
-                                                           (F64, F64, [1, 1])])
+                                                           (F64, F64, [1, 1]), (F32, I64, []), (F16, I32, [1])])
 def test_scale_lowering(scale_down, elem, scale_elem, scale_shape):
     rng = np.random.default_rng(2)
     x = rng.standard_normal((2, 3)).astype(NP[elem])
-    s = np.full(scale_shape, 0.37, NP[scale_elem])
+    s = np.full(scale_shape, 0.37 if scale_elem in (F32, F16, F64) else 49, NP[scale_elem])  # an int: a count
     model = one_node_model(helper.make_node("Scale", ["x", "s"], ["y"], domain=MS, name="sc", scale_down=scale_down),
                            [("x", elem, [2, 3]), ("s", scale_elem, scale_shape)], [("y", elem, [2, 3])], 12)
     close(lowered_outputs(model, {"x": x, "s": s})["y"], ref.scale(x, s, scale_down), elem, "output")

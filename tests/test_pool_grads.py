@@ -321,3 +321,21 @@ def test_default_domain_schemas_are_registered_from_their_since_opset():
     model.ir_version = 4
     with pytest.raises(onnx.checker.ValidationError, match="MaxPoolGrad"):
         onnx.checker.check_model(model)
+
+
+def test_average_pool_grad_dy_that_is_no_forward_output_is_a_lowering_error():
+    node = helper.make_node("AveragePoolGrad", ["dy"], ["dx"], name="apg", kernel_shape=[2, 2], strides=[2, 2])
+    model = _model(node, [("dy", F32, [2, 3, 4, 3])], [2, 3, 6, 6], 17)
+    with pytest.raises(LoweringError, match=r"'apg': dY has 4 positions on axis 2; the forward output of dX's 6 "
+                                            r"with kernel 2, stride 2 and pads 0\+0 has 3"):
+        lower_model(model)
+
+
+def test_max_pool_grad_symbolic_spatial_dims_below_opset_16():
+    """dY's spatial sizes unknown: every window group is emitted, empty ones included (1 output, 2 groups)."""
+    x, out, rng = _case((2, 3, 3, 3), [3, 3], [2, 2], [0, 0, 0, 0])
+    y, indices = ref.max_pool(x, [3, 3], [2, 2], [0, 0, 0, 0], out)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    node = helper.make_node("MaxPoolGrad", ["dy", "ind"], ["dx"], name="mpg", kernel_shape=[3, 3], strides=[2, 2])
+    model = _model(node, [("dy", F32, ["N", 3, "h", "w"]), ("ind", I64, ["N", 3, "h", "w"])], ["N", 3, 3, 3], 12)
+    close(_run(model, {"dy": dy, "ind": indices})[1], ref.max_pool_grad(dy, indices, x.shape), F32, "dX")

@@ -124,6 +124,16 @@ def lower_average_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     if None in outputs:
         raise _fail(request, f"dY's spatial dims must be static (dY {list(dy_shape) if dy_shape else 'unknown'})")
     kernel, strides, pads = params.kernel_shape, params.strides, params.pads
+    for a in range(k):  # C2: dY must be the forward output of dX's shape (either rounding)
+        reach = spatial[a] + pads[a] + pads[a + k] - kernel[a]
+        floor_size = reach // strides[a] + 1
+        ceil_size = -(-reach // strides[a]) + 1
+        if (ceil_size - 1) * strides[a] >= spatial[a] + pads[a]:  # a last window starting in the end padding
+            ceil_size -= 1
+        if reach < 0 or outputs[a] not in (floor_size, ceil_size):
+            raise _fail(request, f"dY has {outputs[a]} positions on axis {a + 2}; the forward output of dX's "
+                                 f"{spatial[a]} with kernel {kernel[a]}, stride {strides[a]} and pads "
+                                 f"{pads[a]}+{pads[a + k]} has {floor_size} (or {ceil_size} with ceil_mode)")
     e = Emitter(b, compute_type(io))
     dy = e.up(request.input("dY"), io)
     weights = _inverse_counts(spatial, outputs, params)

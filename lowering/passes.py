@@ -194,6 +194,8 @@ class _Lowering:
         self._default_opset = graphs.default_opset(self.model.opset_import)
 
     def _is_target(self, node: onnx.NodeProto) -> bool:
+        if not node.domain and self._functions and graphs.call_key(node) in self._functions:
+            return False  # a call of a model-local function that lives in the default domain
         return self.registry.handles(node.domain, node.op_type, self._default_opset)
 
     def run(self) -> tuple[onnx.ModelProto, bool]:

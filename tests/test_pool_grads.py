@@ -339,3 +339,16 @@ def test_max_pool_grad_symbolic_spatial_dims_below_opset_16():
     node = helper.make_node("MaxPoolGrad", ["dy", "ind"], ["dx"], name="mpg", kernel_shape=[3, 3], strides=[2, 2])
     model = _model(node, [("dy", F32, ["N", 3, "h", "w"]), ("ind", I64, ["N", 3, "h", "w"])], ["N", 3, 3, 3], 12)
     close(_run(model, {"dy": dy, "ind": indices})[1], ref.max_pool_grad(dy, indices, x.shape), F32, "dX")
+
+
+def test_a_model_local_function_in_the_default_domain_is_no_unknown_op():
+    body = [helper.make_node("Relu", ["a"], ["b"])]
+    function = helper.make_function("", "MyActivation", ["a"], ["b"], body, [helper.make_opsetid("", 17)])
+    node = helper.make_node("MyActivation", ["dy"], ["dx"], name="call")
+    model = _model(node, [("dy", F32, [2, 3])], [2, 3], 17)
+    model.functions.append(function)
+    lowered = lower_model(model)
+    assert [n.op_type for n in lowered.graph.node] == ["MyActivation"]
+    from opdef.model_verify import verify_model
+
+    assert verify_model(model) == []

@@ -352,3 +352,29 @@ def test_a_model_local_function_in_the_default_domain_is_no_unknown_op():
     from opdef.model_verify import verify_model
 
     assert verify_model(model) == []
+
+
+@pytest.mark.parametrize("elem, opset", [(TensorProto.FLOAT16, 12), (TensorProto.FLOAT16, 17),
+                                         (TensorProto.DOUBLE, 12), (TensorProto.DOUBLE, 17)])
+def test_pool_grads_in_f16_and_f64(elem, opset):
+    np_type = {TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64}[elem]
+    x_shape, kernel, strides, pads, _ = POOL_CASES[0]
+    x, out, rng = _case(x_shape, kernel, strides, pads)
+    y, indices = ref.max_pool(x, kernel, strides, pads, out)
+    dy = rng.standard_normal(y.shape).astype(np_type)
+    attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads}
+    # f16 within half an f16 ulp-ish of the scale; f64: MaxPoolGrad exact in f64, AveragePoolGrad via f32
+    tolerance = {TensorProto.FLOAT16: (2e-3, 2e-3), TensorProto.DOUBLE: (1e-12, 2e-7)}[elem]
+    for op, inputs, feeds, want, tol in (
+            ("MaxPoolGrad", ["dy", "ind"], {"dy": dy, "ind": indices}, ref.max_pool_grad(dy, indices, x_shape),
+             tolerance[0]),
+            ("AveragePoolGrad", ["dy"], {"dy": dy}, ref.average_pool_grad(dy, x_shape, kernel, strides, pads),
+             tolerance[1])):
+        declared = [("dy", elem, list(dy.shape)), ("ind", I64, list(dy.shape))][:len(inputs)]
+        graph = helper.make_graph([helper.make_node(op, inputs, ["dx"], name="g", **attrs)], "g",
+                                  [vi(n, t, s) for n, t, s in declared], [vi("dx", elem, list(x_shape))])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        model.ir_version = 8
+        got = _run(model, feeds)[1]
+        assert got.dtype == np_type
+        assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want)), op

@@ -11,7 +11,8 @@ node needs opset 16.
 
 AveragePoolGrad: dY times a constant map of 1/n per output position (n from count_include_pad and the
 window's part inside the input), spread over the windows by a ConvTranspose with a kernel of ones on the
-[N*C, 1, O...] view; pads / output_padding crop it to dX's spatial shape.
+[N*C, 1, O...] view; pads / output_padding crop it to dX's spatial shape. It computes in f32 (f16 and f64
+cast once and rounded once): onnxruntime's CPU provider has no f64 ConvTranspose.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import itertools
 import math
 
 import numpy as np
+from onnx import TensorProto
 
 from lowering.builder import NodeBuilder
 from lowering.emit_common import Emitter, compute_type
@@ -134,7 +136,7 @@ def lower_average_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
             raise _fail(request, f"dY has {outputs[a]} positions on axis {a + 2}; the forward output of dX's "
                                  f"{spatial[a]} with kernel {kernel[a]}, stride {strides[a]} and pads "
                                  f"{pads[a]}+{pads[a + k]} has {floor_size} (or {ceil_size} with ceil_mode)")
-    e = Emitter(b, compute_type(io))
+    e = Emitter(b, TensorProto.FLOAT)  # onnxruntime has no f64 ConvTranspose: f64 is computed in f32 too
     dy = e.up(request.input("dY"), io)
     weights = _inverse_counts(spatial, outputs, params)
     scaled = b.op1("Mul", [dy, b.const(weights.reshape((1, 1, *outputs)).astype(e.np_ct), hint="inv_count")])

@@ -462,8 +462,8 @@ def test_conv_grad_lowering_over_random_geometry(data):
         assert np.all(np.abs(got[name] - want) <= 1e-6 * size + 1e-30), name
 
 
-@pytest.mark.parametrize("elem", [F16, BF16])
-def test_sce_grad_low_precision(elem):
+@pytest.mark.parametrize("elem", [F16, BF16, F64])
+def test_sce_grad_other_types(elem):
     shape, reduction, weighted, ignore_index, _ = SCE_CASES[3]
     _, label, weight, log_prob, dy = _sce_case(shape, reduction, weighted, ignore_index)
     inputs = [("dy", elem, []), ("lp", elem, list(shape)), ("label", I64, list(label.shape)), ("w", elem, [shape[1]])]

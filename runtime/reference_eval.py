@@ -168,6 +168,11 @@ def _relu_grad(n: _Node, exact: bool, single_output: str) -> tuple:
     return _rounded(n, exact, {"dX": reference_training.relu_grad(dy, n.input("X"))}, dy.dtype)
 
 
+def _sigmoid_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy = n.input("dY")
+    return _rounded(n, exact, {"dX": reference_training.sigmoid_grad(dy, n.input("Y"))}, dy.dtype)
+
+
 def _scale(n: _Node, exact: bool, single_output: str) -> tuple:
     values = n.input("input")
     result = reference_training.scale(values, n.input("scale"), int(n.attribute("scale_down", 0)))
@@ -194,7 +199,7 @@ def _softmax_cross_entropy_loss_grad(n: _Node, exact: bool, single_output: str) 
     return _rounded(n, exact, {"d_logits": d_logits}, log_prob.dtype)
 
 
-RULES |= {"relu_grad": _relu_grad, "scale": _scale, "conv_grad": _conv_grad,
+RULES |= {"relu_grad": _relu_grad, "sigmoid_grad": _sigmoid_grad, "scale": _scale, "conv_grad": _conv_grad,
           "softmax_cross_entropy_loss_grad": _softmax_cross_entropy_loss_grad}
 
 

@@ -22,6 +22,17 @@ def relu_grad(dy, x) -> np.ndarray:
     return np.where(_f64(x) > 0, _f64(dy), 0.0)
 
 
+def sigmoid(x) -> np.ndarray:
+    x = _f64(x)
+    return np.where(x >= 0, 1 / (1 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1 + np.exp(-np.abs(x))))
+
+
+def sigmoid_grad(dy, y) -> np.ndarray:
+    """From the forward output y = sigmoid(x)."""
+    y = _f64(y)
+    return _f64(dy) * y * (1 - y)
+
+
 def scale(values, factor, scale_down: int = 0) -> np.ndarray:
     s = _f64(factor).reshape(())
     return _f64(values) / s if scale_down else _f64(values) * s

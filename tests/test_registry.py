@@ -21,6 +21,7 @@ BUNDLED = {
     ("com.microsoft", "BatchNormalizationGrad"): "onednn",
     ("com.microsoft", "BatchNormInternal"): "onednn",
     ("com.microsoft", "ReluGrad"): "onednn",
+    ("com.microsoft", "SigmoidGrad"): "onednn",
     ("com.microsoft", "Scale"): "onednn",
     ("com.microsoft", "ConvGrad"): "onednn",
     ("com.microsoft", "SoftmaxCrossEntropyLossGrad"): "onednn",

@@ -127,6 +127,36 @@ def test_error_relu_grad_c1_shapes_differ():
     assert "X has shape [4,6]; expected [4,5]" in message and "[C1]" in message
 
 
+def test_sigmoid_grad_schema():
+    s = parse_spec(SPECS / "SigmoidGrad.rst")
+    assert [a.name for a in s.inputs] == ["dY", "Y"] and [a.name for a in s.outputs] == ["dX"]
+    assert s.attributes == () and len({a.type_var for a in (*s.inputs, *s.outputs)}) == 1
+
+
+def test_error_sigmoid_grad_c1_shapes_differ():
+    node = helper.make_node("SigmoidGrad", ["dy", "y"], ["dx"], domain=MS, name="sg")
+    message = _error(node, {"dy": (F32, (4, 5)), "y": (F32, (5, 4))})
+    assert "Y has shape [5,4]; expected [4,5]" in message and "[C1]" in message
+
+
+@pytest.mark.parametrize("elem, opset", [(F32, 12), (F16, 17), (BF16, 17), (F64, 13)])
+def test_sigmoid_grad_lowering(elem, opset):
+    rng = np.random.default_rng(6)
+    y = ref.sigmoid(rng.standard_normal((3, 7)) * 3).astype(NP[elem])
+    dy = rng.standard_normal((3, 7)).astype(NP[elem])
+    model = one_node_model(helper.make_node("SigmoidGrad", ["dy", "y"], ["dx"], domain=MS, name="sg"),
+                           [("dy", elem, [3, 7]), ("y", elem, [3, 7])], [("dx", elem, [3, 7])], opset)
+    close(lowered_outputs(model, {"dy": dy, "y": y})["dx"], ref.sigmoid_grad(dy, y), elem, "dX")
+
+
+def test_sigmoid_grad_reference_matches_finite_differences():
+    rng = np.random.default_rng(7)
+    x, dy = rng.standard_normal((4, 6)) * 4, rng.standard_normal((4, 6))
+    grad = ref.sigmoid_grad(dy, ref.sigmoid(x))
+    for v, numeric in numeric_gradient(lambda z: np.sum(dy * ref.sigmoid(z)), x):
+        assert abs(np.sum(grad * v) - numeric) <= 1e-7 * max(1.0, abs(numeric))
+
+
 def test_error_relu_grad_types_differ():
     node = helper.make_node("ReluGrad", ["dy", "x"], ["dx"], domain=MS, name="rg")
     assert "element type" in _error(node, {"dy": (F32, (4, 5)), "x": (F16, (4, 5))})

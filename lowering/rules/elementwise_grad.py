@@ -1,7 +1,7 @@
-"""Lowering of onnxruntime-training's ``ReluGrad`` and ``Scale`` (``specs/com.microsoft/``).
+"""Lowering of onnxruntime-training's ``ReluGrad``, ``SigmoidGrad`` and ``Scale`` (``specs/com.microsoft/``).
 
-ReluGrad: ``Where(X > 0, dY, 0)``; Scale: one Mul or Div by the scale viewed as a scalar. f16/bf16 are
-cast up to f32 once and rounded once.
+ReluGrad: ``Where(X > 0, dY, 0)``; SigmoidGrad: ``dY * (Y * (1 - Y))``; Scale: one Mul or Div by the
+scale viewed as a scalar. f16/bf16 are cast up to f32 once and rounded once.
 """
 
 from __future__ import annotations
@@ -35,6 +35,18 @@ def lower_relu_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     e = Emitter(b, compute_type(io))
     positive = b.op1("Greater", [e.up(request.input("X"), io), e.scalar(0.0, "zero")])
     e.finish("Where", [positive, e.up(request.input("dY"), io), e.scalar(0.0, "zero")], out, io)
+
+
+@register_rule("sigmoid_grad")
+def lower_sigmoid_grad(b: NodeBuilder, request: LoweringRequest) -> None:
+    out = request.output("dX")
+    if out is None:
+        return
+    io = input_elem(request, "dY")
+    e = Emitter(b, compute_type(io))
+    y = e.up(request.input("Y"), io)
+    slope = b.op1("Mul", [y, b.op1("Sub", [e.scalar(1.0, "one"), y])])
+    e.finish("Mul", [e.up(request.input("dY"), io), slope], out, io)
 
 
 @register_rule("scale")

@@ -1,4 +1,5 @@
-"""onnxruntime-training's elementwise training ops: ``ReluGrad`` (dX = dY where X > 0) and ``Scale``
+"""onnxruntime-training's elementwise training ops: ``ReluGrad`` (dX = dY where X > 0), ``SigmoidGrad``
+(dX = dY * Y * (1 - Y), from the forward output Y) and ``Scale``
 (input times or over a one-element scale). Shapes only: the generic checks did the types.
 
 Constraint labels are the spec's own (``specs/com.microsoft/ReluGrad.rst``, ``Scale.rst``), found through
@@ -37,6 +38,13 @@ def set_output(ctx: NodeContext, name: str, shape) -> None:
 @register_rule("relu_grad")
 def relu_grad(ctx: NodeContext) -> RuleResult:
     shape = same_shape(ctx, "dY", "X")
+    set_output(ctx, "dX", shape)
+    return RuleResult(roles=bound_roles(ctx), rank=None if shape is None else len(shape))
+
+
+@register_rule("sigmoid_grad")
+def sigmoid_grad(ctx: NodeContext) -> RuleResult:
+    shape = same_shape(ctx, "dY", "Y")
     set_output(ctx, "dX", shape)
     return RuleResult(roles=bound_roles(ctx), rank=None if shape is None else len(shape))
 

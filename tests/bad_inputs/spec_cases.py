@@ -360,4 +360,13 @@ SPEC_CASES = [
     SpecCase('avgpoolgrad-replace-L105-f16>f17', 'onnx.training/AveragePoolGrad.rst',
              Edit('replace', 'f16          f16', 0, 'f16', 'f17'),
              1, 'expected a data type (f32, bf16, f16, s32, s8, u8 ...), '),
+    SpecCase('sigmoidgrad-drop-L6', 'com.microsoft/SigmoidGrad.rst',
+             Edit('drop', 'SigmoidGrad', 0),
+             12, "expected the title to be an op name, got 'Operation Attr"),
+    SpecCase('sigmoidgrad-replace-L36-Required>Requird', 'com.microsoft/SigmoidGrad.rst',
+             Edit('replace', '1     ``Y``              Required', 0, 'Required', 'Requird'),
+             1, "expected 'Required' or 'Optional', got 'Requird'"),
+    SpecCase('sigmoidgrad-replace-L60-f32>f33', 'com.microsoft/SigmoidGrad.rst',
+             Edit('replace', 'f32     f32', 0, 'f32', 'f33'),
+             1, 'expected a data type (f32, bf16, f16, s32, s8, u8 ...), '),
 ]

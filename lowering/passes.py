@@ -328,7 +328,7 @@ class _Lowering:
             self._taken |= builder.used_names
         self._added += emitted - 1
         self._note_output_types(node, inference.output_types, wanted, scope)
-        self.report.lowered[f"{node.domain}::{node.op_type}"] += 1
+        self.report.lowered[f"{node.domain or 'ai.onnx'}::{node.op_type}"] += 1
 
     def _infer(self, node: onnx.NodeProto, types: Types) -> tuple[NodeInference, tuple[str, ...] | None, tuple]:
         """:func:`infer_node`, once per distinct node signature: verification depends on the op, the

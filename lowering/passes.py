@@ -195,9 +195,13 @@ class _Lowering:
         self._call_sites: dict[graphs.FunctionKey, list[tuple[TensorType | None, ...]]] = {}
         self._added = 0
         self._inferences: dict[tuple, tuple[NodeInference, tuple[str, ...]]] = {}
+        # default-domain training ops (MaxPoolGrad ...) exist from an opset on: the model's decides
+        self._default_opset = graphs.default_opset(self.model.opset_import)
 
     def _is_target(self, node: onnx.NodeProto) -> bool:
-        return self.registry.handles(node.domain, node.op_type)
+        if not node.domain and self._functions and graphs.call_key(node) in self._functions:
+            return False  # a call of a model-local function that lives in the default domain
+        return self.registry.handles(node.domain, node.op_type, self._default_opset)
 
     def run(self) -> tuple[onnx.ModelProto, bool]:
         model = self.model
@@ -332,7 +336,7 @@ class _Lowering:
             self._taken |= builder.used_names
         self._added += emitted - 1
         self._note_output_types(node, inference.output_types, wanted, scope)
-        self.report.lowered[f"{node.domain}::{node.op_type}"] += 1
+        self.report.lowered[f"{node.domain or 'ai.onnx'}::{node.op_type}"] += 1
 
     def _infer(self, node: onnx.NodeProto, types: Types) -> tuple[NodeInference, tuple[str, ...] | None, tuple]:
         """:func:`infer_node`, once per distinct node signature: verification depends on the op, the

@@ -38,6 +38,8 @@ class Binding:
     min_rank: int | None = None
     max_rank: int | None = None
     options: tuple[tuple[str, Any], ...] = ()  # rule-specific extras
+    # default-domain ops only (onnxruntime-training's MaxPoolGrad ...): the first default opset that has it
+    since_opset: int | None = None
 
     @functools.cached_property
     def role_map(self) -> Mapping[str, str]:  # read for every node the pass lowers: built once, read-only
@@ -62,7 +64,7 @@ class Binding:
 
 
 _FIELDS = {"spec", "domain", "op_type", "rule", "dialect", "roles", "layout", "layout_attribute",
-           "statistics", "stat_input", "min_rank", "max_rank", "options", "comment"}
+           "statistics", "stat_input", "min_rank", "max_rank", "options", "since_opset", "comment"}
 
 
 def load_bindings(path: Path) -> list[Binding]:
@@ -97,8 +99,11 @@ def _bindings(raw: Any, source: str) -> list[Binding]:
         if unknown:
             raise SpecError(source, None, f"{where}: unknown field(s) {sorted(unknown)}")
         for field in ("spec", "domain", "op_type", "rule"):
-            if not isinstance(entry.get(field), str) or not entry[field]:
+            if not isinstance(entry.get(field), str) or (not entry[field] and field != "domain"):
                 raise SpecError(source, None, f"{where}: field {field!r} must be a non-empty string")
+        if entry["domain"] in ("", "ai.onnx") and not isinstance(entry.get("since_opset"), int):
+            # a default-domain op is recognised by name and opset: without one it could shadow standard ops
+            raise SpecError(source, None, f"{where}: a default-domain op needs 'since_opset'")
         layout = entry.get("layout", "channel_first")
         if layout not in LAYOUTS:
             raise SpecError(source, None, f"{where}: layout {layout!r} not one of {list(LAYOUTS)}")
@@ -114,7 +119,7 @@ def _bindings(raw: Any, source: str) -> list[Binding]:
         roles = entry.get("roles", {})
         if not isinstance(roles, dict) or not all(isinstance(v, str) for v in roles.values()):
             raise SpecError(source, None, f"{where}: roles must map role names to argument names")
-        for field in ("min_rank", "max_rank"):
+        for field in ("min_rank", "max_rank", "since_opset"):
             value = entry.get(field)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise SpecError(source, None, f"{where}: {field} must be a non-negative integer, not {value!r}")
@@ -126,6 +131,6 @@ def _bindings(raw: Any, source: str) -> list[Binding]:
             dialect=entry.get("dialect"), roles=tuple(roles.items()), layout=layout,
             layout_attribute=entry.get("layout_attribute"), statistics=statistics, stat_input=stat_input,
             min_rank=entry.get("min_rank"), max_rank=entry.get("max_rank"),
-            options=tuple(sorted(options.items())),
+            options=tuple(sorted(options.items())), since_opset=entry.get("since_opset"),
         ))
     return out

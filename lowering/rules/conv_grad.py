@@ -1,0 +1,131 @@
+"""Lowering of onnxruntime-training's ``ConvGrad`` (``specs/com.microsoft/ConvGrad.rst``).
+
+- ``dX``: ConvTranspose of dY with the forward kernels (same group, strides, dilations and pads); the
+  ``output_padding`` that the strides' floor division dropped is restored, so dX gets X's spatial shape.
+- ``dW``: one Conv that correlates X with dY. With X viewed as [C/group, group*N, D...] (batch and
+  channel swapped, each group's samples as its own channels) and dY as [M, N, O...], a Conv with the same
+  ``group``, strides = the forward dilations, dilations = the forward strides and the forward pads yields
+  [C/group, M, K'...]; K' >= K, the surplus (taps that only ever see the padding's tail) is sliced off,
+  then it is transposed to W's [M, C/group, K...]. Grouped, the view needs X's spatial dims static.
+- ``dB``: ReduceSum of dY over every axis but 1.
+
+f16 and f64 are computed in f32 (cast once, rounded once): onnxruntime's CPU provider has no f64 Conv or
+ConvTranspose, and not every build has f16 ones.
+"""
+
+from __future__ import annotations
+
+from onnx import TensorProto
+
+from lowering.builder import NodeBuilder
+from lowering.emit_common import Emitter
+from lowering.rules import LoweringRequest, register_rule
+from lowering.rules.elementwise_grad import input_elem
+from opdef.errors import LoweringError
+from opdef.rules.conv_grad import ConvParameters, ParameterError, conv_parameters
+
+
+def _fail(request: LoweringRequest, problem: str) -> LoweringError:
+    i = request.inference
+    return LoweringError(f"{i.domain} {i.op_type} '{i.node_name}': {problem}")
+
+
+def _shape(request: LoweringRequest, name: str):
+    t = request.inference.input_types[request.inference.schema.input_index(name)]
+    return None if t is None else t.shape
+
+
+@register_rule("conv_grad")
+def lower_conv_grad(b: NodeBuilder, request: LoweringRequest) -> None:
+    dx_out, dw_out, db_out = request.output("dX"), request.output("dW"), request.output("dB")
+    if dx_out is None and dw_out is None and db_out is None:
+        return
+    io = input_elem(request, "dY")
+    x_shape, w_shape = _shape(request, "X"), _shape(request, "W")
+    rank = request.inference.rank
+    if rank is None or w_shape is None or not all(isinstance(d, int) for d in w_shape):
+        raise _fail(request, "ConvGrad needs W's shape static to be lowered "
+                             f"(W {w_shape if w_shape is not None else 'of unknown shape'})")
+    spatial = rank - 2
+    try:
+        params = conv_parameters(request.inference.attributes, spatial, w_shape[2:])
+    except ParameterError as exc:
+        raise _fail(request, str(exc)) from None
+    e = Emitter(b, TensorProto.FLOAT)
+    dy = e.up(request.input("dY"), io)
+    if db_out is not None:
+        _final(e, db_out, io, lambda target: e.reduce("ReduceSum", dy, (0, *range(2, rank)), keepdims=0,
+                                                      output=target))
+    if dx_out is not None:
+        _input_gradient(e, request, params, dy, x_shape, w_shape, dx_out, io)
+    if dw_out is not None:
+        _kernel_gradient(e, request, params, dy, x_shape, w_shape, dw_out, io)
+
+
+def _final(e: Emitter, out: str, io: int, emit) -> None:
+    """``emit(target)`` writes the result: straight into ``out``, or into a fresh value cast to it once."""
+    if io == e.ct:
+        emit(out)
+    else:
+        e.b.op1("Cast", [emit(None)], out, to=io)
+
+
+def _input_gradient(e: Emitter, request: LoweringRequest, params: ConvParameters, dy: str, x_shape, w_shape,
+                    out: str, io: int) -> None:
+    spatial = len(w_shape) - 2
+    w = e.up(request.input("W"), io)
+    output_padding = []
+    for a in range(spatial):
+        size = None if x_shape is None else x_shape[a + 2]
+        span = params.dilations[a] * (w_shape[a + 2] - 1) + 1
+        if not isinstance(size, int):
+            if params.strides[a] == 1:  # nothing can be dropped by the floor division
+                output_padding.append(0)
+                continue
+            raise _fail(request, f"dX needs X's spatial size on axis {a + 2} with stride {params.strides[a]} "
+                                 f"(X {list(x_shape) if x_shape is not None else 'of unknown shape'})")
+        output_padding.append((size + params.pads[a] + params.pads[a + spatial] - span) % params.strides[a])
+    attrs = {"group": params.group, "strides": list(params.strides), "dilations": list(params.dilations),
+             "pads": list(params.pads), "kernel_shape": list(w_shape[2:])}
+    if any(output_padding):
+        attrs["output_padding"] = output_padding
+    _final(e, out, io, lambda target: e.b.op1("ConvTranspose", [dy, w], target, **attrs))
+
+
+def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameters, dy: str, x_shape, w_shape,
+                     out: str, io: int) -> None:
+    b = e.b
+    spatial = len(w_shape) - 2
+    group = params.group
+    per_group = w_shape[1]
+    x = e.up(request.input("X"), io)
+    swap = [1, 0, *range(2, spatial + 2)]
+    if group == 1:
+        x_view = b.op1("Transpose", [x], perm=swap)  # [C, N, D...]
+    else:
+        dims = None if x_shape is None else x_shape[2:]
+        if dims is None or not all(isinstance(d, int) for d in dims):
+            raise _fail(request, f"dW with group {group} needs X's spatial dims static "
+                                 f"(X {list(x_shape) if x_shape is not None else 'of unknown shape'})")
+        grouped = b.op1("Reshape", [x, e.ints([-1, group, per_group, *dims])])
+        moved = b.op1("Transpose", [grouped], perm=[2, 1, 0, *range(3, spatial + 3)])  # [C/g, g, N, D...]
+        x_view = b.op1("Reshape", [moved, e.ints([per_group, -1, *dims])])
+    dy_view = b.op1("Transpose", [dy], perm=swap)  # [M, N, O...]
+    correlated = b.op1("Conv", [x_view, dy_view], group=group, strides=list(params.dilations),
+                       dilations=list(params.strides), pads=list(params.pads))  # [C/g, M, K'...]
+    kernel = list(w_shape[2:])
+    if x_shape is not None and all(isinstance(d, int) for d in x_shape[2:]):
+        surplus = []
+        for a in range(spatial):
+            size, stride = x_shape[a + 2], params.strides[a]
+            out_size = params.output_size(a, size, kernel[a])
+            reach = size + params.pads[a] + params.pads[a + spatial] - (out_size - 1) * stride - 1
+            surplus.append(reach // params.dilations[a] + 1 != kernel[a])
+        needs_slice = any(surplus)
+    else:
+        needs_slice = True  # unknown sizes: always cut to the kernel (a no-op when it already fits)
+    if needs_slice:
+        axes = list(range(2, spatial + 2))
+        correlated = b.op1("Slice", [correlated, e.ints([0] * spatial, "starts"), e.ints(kernel, "ends"),
+                                     e.ints(axes, "axes")])
+    _final(e, out, io, lambda target: b.op1("Transpose", [correlated], target, perm=swap))

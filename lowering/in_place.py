@@ -22,14 +22,16 @@ from opdef.registry import Registry
 def expose(node: onnx.NodeProto, registry: Registry, graph: onnx.GraphProto, taken: set[str],
            types: dict) -> tuple[onnx.NodeProto, frozenset[str], list[tuple[str, str]]]:
     """For a node of the main graph: the node with each in-place output named (a copy when that changes
-    it), the names to produce as graph outputs (declared here, typed like their input) and the
-    (node output, graph output) pairs an Identity must join because the node already named the output."""
+    it), the output names its rule must produce for them, and the (node output, graph output) pairs an
+    Identity must join because the node already named the output. The graph outputs are declared here,
+    typed like the input they update."""
     entry = registry.get(node.domain, node.op_type)
     if entry is None or not entry.binding.in_place:
         return node, frozenset(), []
     schema, binding = entry.schema, entry.binding
     outputs = list(node.output)
     exposed: list[str] = []
+    produce: list[str] = []
     joins: list[tuple[str, str]] = []
     for out_role, in_role in binding.in_place:
         in_index = schema.input_index(binding.arg(in_role))
@@ -47,17 +49,18 @@ def expose(node: onnx.NodeProto, registry: Registry, graph: onnx.GraphProto, tak
             joins.append((outputs[out_index], name))
         else:
             outputs[out_index] = name
+        produce.append(outputs[out_index])
         graph.output.add(name=name).type.CopyFrom(_type_of(source, graph, label))
         types.setdefault(name, None)  # declared as a graph output: no value_info for it
         exposed.append(name)
     taken.update(exposed)  # fresh names of later rules never take these
     if outputs == list(node.output):
-        return node, frozenset(exposed), joins
+        return node, frozenset(produce), joins
     named = onnx.NodeProto()
     named.CopyFrom(node)
     del named.output[:]
     named.output.extend(outputs)
-    return named, frozenset(exposed), joins
+    return named, frozenset(produce), joins
 
 
 def _type_of(value: str, graph: onnx.GraphProto, label: str) -> onnx.TypeProto:

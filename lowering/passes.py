@@ -283,7 +283,7 @@ class _Lowering:
         if scope.graph is self.model.graph:  # in-place updates become main-graph outputs (lowering.in_place)
             node, exposed, joins = in_place.expose(node, self.registry, scope.graph, self._taken, scope.types)
         inference, verified_names, key = self._infer(node, self._value_types(node, scope))
-        wanted = frozenset(name for name in node.output if name in scope.reads) | exposed | {a for a, _ in joins}
+        wanted = frozenset(name for name in node.output if name in scope.reads) | exposed
         graph_outputs = frozenset(name for name in node.output if name in scope.outputs) | exposed
         replay_key = (key, tuple(name in wanted for name in node.output), tuple(map(graph_outputs.__contains__,
                                                                                  node.output)))

@@ -34,8 +34,10 @@ def lower_in_place_accumulator(b: NodeBuilder, request: LoweringRequest) -> None
         else:
             b.op1("Identity", [total], out)
     updated = request.output("updated")
-    if updated:
-        b.op1("Identity", [b.const(np.array(True), hint="true")], updated)
+    if updated:  # a scalar, as onnxruntime's kernel writes it, unless the graph declares a shape
+        t = request.inference.output_types[request.inference.outputs.index(updated)]
+        rank = 0 if t is None or t.shape is None else len(t.shape)
+        b.op1("Identity", [b.const(np.ones((1,) * rank, bool), hint="true")], updated)
 
 
 @register_rule("sgd_optimizer")

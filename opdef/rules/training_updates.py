@@ -36,7 +36,7 @@ def in_place_accumulator(ctx: NodeContext) -> RuleResult:
         raise ctx.error(f"{value} has shape {format_shape(value_t.shape)}; expected the shape of {buffer} "
                         f"{format_shape(buffer_t.shape)}", ctx.constraint_label([buffer, value])) from None
     _one_element(ctx, binding.arg("overwrite"))
-    ctx.set_output_type(binding.arg("updated"), TensorType(TensorProto.BOOL, ()))
+    _one_element_output(ctx, binding.arg("updated"))
     out = binding.arg("buffer_out")
     current = ctx.output_type(out)
     elem = current.elem_type if current else (buffer_t.elem_type if buffer_t else None)
@@ -65,6 +65,12 @@ def sgd_optimizer(ctx: NodeContext) -> RuleResult:
     _one_element(ctx, binding.arg("update_signal"))
     ctx.set_output_type(binding.arg("updated"), TensorType(TensorProto.BOOL, lr_shape))
     return RuleResult(roles=bound_roles(ctx))
+
+
+def _one_element_output(ctx: NodeContext, name: str) -> None:
+    """A boolean flag of one element: its rank is left open (onnxruntime's kernel writes a scalar, graphs
+    declare [1]); a shape the graph declares is merged in afterwards and the lowering follows it."""
+    ctx.set_output_type(name, TensorType(TensorProto.BOOL, None))
 
 
 def _one_element(ctx: NodeContext, name: str | None) -> tuple | None:

@@ -20,6 +20,8 @@ from lowering.rules import LoweringRequest, register_rule
 from opdef.errors import LoweringError
 from opdef.types import ONNX_ELEM_TYPE, sequence_element
 
+LOOP_CARRIES_SEQUENCES_SINCE = 13  # Loop-11's loop-carried values are tensors only
+
 
 @register_rule("in_place_accumulator")
 def lower_in_place_accumulator(b: NodeBuilder, request: LoweringRequest) -> None:
@@ -129,6 +131,10 @@ def _sequence_loop(b: NodeBuilder, request: LoweringRequest, read_roles: tuple[s
     outputs = [request.output(r) for r in out_roles]
     if not any(outputs):
         return
+    if b.opset < LOOP_CARRIES_SEQUENCES_SINCE:
+        raise LoweringError(f"{request.inference.op_type} '{request.inference.node_name}': updating tensor sequences "
+                            f"needs default opset {LOOP_CARRIES_SEQUENCES_SINCE} or newer (a Loop carries sequences "
+                            f"from then on); the model imports opset {b.opset}")
     params = request.input("params")
     elem = _sequence_elem_type(request)
     seq_type = helper.make_sequence_type_proto(helper.make_tensor_type_proto(elem, None))

@@ -62,11 +62,11 @@ def lower_artifacts(directory: Path | str) -> TrainingModels:
     lowered = {}
     for name in (TRAINING_MODEL, OPTIMIZER_MODEL):
         path = directory / name
+        model = load_model(path)  # its errors name the file already
         try:
-            model = lower_model(load_model(path))
+            model = lower_model(model)
         except OplowerError as exc:
-            raise type(exc)(f"{path}: {exc}") if isinstance(exc, (ModelError, LoweringError, RuntimeFailure)) \
-                else LoweringError(f"{path}: {exc}") from None
+            raise LoweringError(f"{path}: {exc}") from None
         left = find_custom_nodes(model)
         if left:
             ops = sorted({f"{c.domain}::{c.op_type}" for c in left})

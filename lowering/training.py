@@ -86,7 +86,7 @@ def lower_artifacts(directory: Path | str) -> TrainingModels:
     taken = {*params, *(p + BUFFER_SUFFIX for p in params), LAZY_RESET}
     data = tuple(n for n in inputs if n not in taken and n not in initialized)
     opt_inputs = {i.name for i in optimizer.graph.input}
-    absent = [n for n in ("learning_rate", "step", *OPTIMIZER_SEQUENCES[:2]) if n not in opt_inputs]
+    absent = [n for n in ("learning_rate", *OPTIMIZER_SEQUENCES[:2]) if n not in opt_inputs]
     if absent:
         raise ModelError(f"{directory / OPTIMIZER_MODEL}: no input {absent[0]!r} (expected an optimizer model "
                          "from generate_artifacts)")

@@ -20,6 +20,9 @@ BUNDLED = {
     ("directml", "BATCH_NORMALIZATION_GRAD"): "directml",
     ("com.microsoft", "BatchNormalizationGrad"): "onednn",
     ("com.microsoft", "BatchNormInternal"): "onednn",
+    ("com.microsoft", "InPlaceAccumulatorV2"): "onednn",
+    ("com.microsoft", "AdamWOptimizer"): "onednn",
+    ("com.microsoft", "SGDOptimizerV2"): "onednn",
 }
 
 

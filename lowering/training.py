@@ -14,7 +14,9 @@ Data (``--data IN.npz``): one array per data input of the training model (every 
 parameter, an accumulation buffer or ``lazy_reset_grad``), named after it, with a leading batch-index
 axis; step ``k`` (from 0) feeds index ``k mod B`` of each array. Initial parameters: an ``.npz`` keyed by
 parameter name, else the initializers of the other ``.onnx`` models in the directory (the forward model
-the artifacts were generated from), else the training model's own initializers.
+the artifacts were generated from), else the training model's own initializers. Inputs without an
+accumulation buffer that the parameter source holds (batch norm's running statistics: generate_artifacts'
+frozen parameters) are fed that value on every step.
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ class TrainingModels:
     optimizer: onnx.ModelProto
     loss: str  # the training model's first output
     params: tuple[str, ...]  # trainable parameters, in the training model's input order
-    data_inputs: tuple[str, ...]  # every other input the caller feeds per step
+    # every other input: data, labels, and frozen parameters (e.g. batch norm's running statistics), which
+    # take their value from the parameter source and keep it
+    other_inputs: tuple[str, ...]
 
 
 def lower_artifacts(directory: Path | str) -> TrainingModels:
@@ -95,49 +99,61 @@ def lower_artifacts(directory: Path | str) -> TrainingModels:
     return TrainingModels(training, optimizer, training.graph.output[0].name, params, data)
 
 
+@dataclass(frozen=True)
+class StartingPoint:
+    """Where training starts: the trainable parameters and the frozen ones (constant inputs)."""
+
+    params: dict[str, np.ndarray]
+    frozen: dict[str, np.ndarray]
+
+
 def initial_parameters(directory: Path | str, models: TrainingModels,
-                       given: Mapping[str, np.ndarray] | None = None, source: str = "") -> dict[str, np.ndarray]:
-    """Each trainable parameter's starting value (see the module docstring for where it comes from)."""
+                       given: Mapping[str, np.ndarray] | None = None, source: str = "") -> StartingPoint:
+    """Each parameter's starting value (see the module docstring for where it comes from): every trainable
+    one, and the frozen ones the source also holds (inputs of the training model that are no data)."""
     directory = Path(directory)
+    inputs = {i.name: i.type.tensor_type for i in models.training.graph.input}
+    wanted = (*models.params, *models.other_inputs)
     found: dict[str, np.ndarray] = {}
     if given is not None:
-        extra = [k for k in given if k not in models.params]
+        extra = [k for k in given if k not in wanted]
         if extra:
-            raise TrainingDataError(f"{source}: {extra[0]!r} is no trainable parameter (they are: "
-                                    f"{', '.join(models.params)})")
+            raise TrainingDataError(f"{source}: {extra[0]!r} is no parameter of the training model (its trainable "
+                                    f"parameters: {', '.join(models.params)})")
         found.update(given)
     else:
         others = sorted(p for p in directory.glob("*.onnx")
                         if p.name not in (TRAINING_MODEL, OPTIMIZER_MODEL, "eval_model.onnx"))
         for model in (*(load_model(p) for p in others), models.training):
             for init in model.graph.initializer:
-                if init.name in models.params:
+                if init.name in wanted:
                     found.setdefault(init.name, numpy_helper.to_array(init))
     missing = [p for p in models.params if p not in found]
     if missing:
         where = source or f"{directory} (no forward model with these initializers; pass --params P.npz)"
         raise TrainingDataError(f"{where}: no initial value for parameter {missing[0]!r}"
                                 + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
-    types = {i.name: i.type.tensor_type for i in models.training.graph.input}
     out = {}
-    for p in models.params:
-        value = np.asarray(found[p])
-        declared = [d.dim_value if d.HasField("dim_value") else None for d in types[p].shape.dim]
+    for p, value in found.items():
+        value = np.asarray(value)
+        declared = [d.dim_value if d.HasField("dim_value") else None for d in inputs[p].shape.dim]
         if len(declared) != value.ndim or any(d is not None and d != s for d, s in zip(declared, value.shape,
                                                                                       strict=False)):
             raise TrainingDataError(f"{source or directory}: parameter {p!r} has shape {list(value.shape)}; the "
                                     f"training model declares {declared}")
-        out[p] = value.astype(np_dtype(types[p].elem_type))
-    return out
+        out[p] = value.astype(np_dtype(inputs[p].elem_type))
+    return StartingPoint({p: out[p] for p in models.params},
+                         {p: out[p] for p in models.other_inputs if p in out})
 
 
 class Trainer:
     """N steps of training on plain onnxruntime, parameters, buffers and moments carried between steps."""
 
-    def __init__(self, models: TrainingModels, params: Mapping[str, np.ndarray], *, learning_rate: float = 1e-3,
+    def __init__(self, models: TrainingModels, start: StartingPoint, *, learning_rate: float = 1e-3,
                  threads: int | None = None) -> None:
         self.models = models
-        self.params = {p: np.asarray(params[p]) for p in models.params}
+        self.params = {p: np.asarray(start.params[p]) for p in models.params}
+        self.frozen = dict(start.frozen)
         self.first_moments = [np.zeros_like(v) for v in self.params.values()]
         self.second_moments = [np.zeros_like(v) for v in self.params.values()]
         self.buffers = {p: np.zeros_like(v) for p, v in self.params.items()}
@@ -160,6 +176,7 @@ class Trainer:
     def step(self, batch: Mapping[str, np.ndarray]) -> float:
         """One training step and one optimizer step; returns the loss."""
         feeds = dict(batch)
+        feeds.update(self.frozen)
         feeds.update(self.params)
         feeds.update({p + BUFFER_SUFFIX: b for p, b in self.buffers.items()})
         feeds[LAZY_RESET] = np.array([True])
@@ -186,19 +203,22 @@ class Trainer:
         return float(np.asarray(results[self.models.loss]).reshape(-1)[0])
 
 
-def batches(data: Mapping[str, np.ndarray], models: TrainingModels, source: str = "") -> Callable[[int], dict]:
-    """Step ``k`` -> the feeds of the training model's data inputs (index ``k mod B`` of each array)."""
-    extra = [k for k in data if k not in models.data_inputs]
+def batches(data: Mapping[str, np.ndarray], models: TrainingModels, frozen: Mapping[str, np.ndarray] = {},  # noqa: B006
+            source: str = "") -> Callable[[int], dict]:
+    """Step ``k`` -> the feeds of the training model's data inputs (index ``k mod B`` of each array); the
+    data inputs are the inputs that are no parameter, buffer, ``lazy_reset_grad`` or ``frozen`` value."""
+    data_inputs = [n for n in models.other_inputs if n not in frozen]
+    extra = [k for k in data if k not in data_inputs]
     if extra:
         raise TrainingDataError(f"{source}: {extra[0]!r} is no data input of the training model (they are: "
-                                f"{', '.join(models.data_inputs)})")
-    missing = [k for k in models.data_inputs if k not in data]
+                                f"{', '.join(data_inputs)})")
+    missing = [k for k in data_inputs if k not in data]
     if missing:
         raise TrainingDataError(f"{source}: no array for the data input {missing[0]!r} (one array per data input, "
                                 "with a leading batch-index axis)")
     types = {i.name: i.type.tensor_type for i in models.training.graph.input}
     arrays = {}
-    for name in models.data_inputs:
+    for name in data_inputs:
         value = np.asarray(data[name])
         rank = len(types[name].shape.dim)
         if value.ndim != rank + 1 or value.shape[0] == 0:
@@ -213,8 +233,9 @@ def train(directory: Path | str, data: Mapping[str, np.ndarray], steps: int, *,
           on_step: Callable[[int, float], None] | None = None) -> tuple[list[float], dict[str, np.ndarray]]:
     """Lower the artifacts once, train ``steps`` steps; returns the loss per step and the final parameters."""
     models = lower_artifacts(directory)
-    trainer = Trainer(models, initial_parameters(directory, models, params), learning_rate=learning_rate)
-    feed = batches(data, models)
+    start = initial_parameters(directory, models, params)
+    trainer = Trainer(models, start, learning_rate=learning_rate)
+    feed = batches(data, models, start.frozen)
     losses = []
     for k in range(steps):
         losses.append(trainer.step(feed(k)))

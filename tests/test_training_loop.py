@@ -88,7 +88,7 @@ def test_lowered_artifacts_are_standard_onnx_with_updated_outputs():
     assert outputs[0] == "loss" and all(f"{p}_grad.accumulation.buffer.updated" in outputs for p in tiny.PARAMS)
     assert [o.name for o in models.optimizer.graph.output] == [
         "update_completed", "params.updated", "first_order_moments.updated", "second_order_moments.updated"]
-    assert models.params == tuple(tiny.PARAMS) and models.data_inputs == ("input", "target")
+    assert models.params == tuple(tiny.PARAMS) and models.other_inputs == ("input", "target")
 
 
 @pytest.mark.parametrize("steps", [1, 6])
@@ -126,8 +126,8 @@ def test_sgd_optimizer_model_trains_too(tmp_path):
 def test_initial_parameters_from_an_npz_replace_the_forward_model():
     models = lower_artifacts(TINY)
     given = {k: np.full_like(v, 0.1) for k, v in _start().items()}
-    params = initial_parameters(TINY, models, given, "p.npz")
-    assert all(np.all(v == F32(0.1)) for v in params.values())
+    start = initial_parameters(TINY, models, given, "p.npz")
+    assert all(np.all(v == F32(0.1)) for v in start.params.values()) and start.frozen == {}
     data = dict(np.load(TINY / "data.npz"))
     losses, _ = train(TINY, data, 1, params=given)
     assert losses[0] == pytest.approx(_forward_backward(given, data["input"][0], data["target"][0])[0], rel=1e-6)
@@ -137,7 +137,7 @@ def test_bad_parameters_and_data_are_one_line_errors():
     models = lower_artifacts(TINY)
     with pytest.raises(TrainingDataError, match="p.npz: parameter 'fc1.bias' has shape \\[3\\]"):
         initial_parameters(TINY, models, {**_start(), "fc1.bias": np.zeros(3, F32)}, "p.npz")
-    with pytest.raises(TrainingDataError, match="'fc9.weight' is no trainable parameter"):
+    with pytest.raises(TrainingDataError, match="'fc9.weight' is no parameter of the training model"):
         initial_parameters(TINY, models, {"fc9.weight": np.zeros(3, F32)}, "p.npz")
     with pytest.raises(TrainingDataError, match="no array for the data input 'target'"):
         train(TINY, {"input": np.zeros((2, 8, 4), F32)}, 1)

@@ -55,11 +55,12 @@ def run(args: argparse.Namespace) -> int:
     data = load_npz(data_path)
     models = lower_artifacts(directory)
     given = load_npz(Path(args.params)) if args.params else None
-    params = initial_parameters(directory, models, given, args.params or "")
-    feed = batches(data, models, str(data_path))
-    trainer = Trainer(models, params, learning_rate=args.lr, threads=args.threads)
+    start = initial_parameters(directory, models, given, args.params or "")
+    feed = batches(data, models, start.frozen, str(data_path))
+    trainer = Trainer(models, start, learning_rate=args.lr, threads=args.threads)
+    data_inputs = [n for n in models.other_inputs if n not in start.frozen]
     print(f"training {len(models.params)} parameters of {directory} for {args.steps} steps on plain onnxruntime "
-          f"(data inputs: {', '.join(models.data_inputs)})")
+          f"(data inputs: {', '.join(data_inputs)})")
     for k in range(args.steps):
         loss = trainer.step(feed(k))
         _progress(k + 1, args.steps, loss)

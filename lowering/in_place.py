@@ -42,7 +42,7 @@ def expose(node: onnx.NodeProto, registry: Registry, graph: onnx.GraphProto, tak
         label = f"{node.domain} {node.op_type} '{node.name or '?'}'"
         if name in taken or name in exposed:
             raise LoweringError(f"{label}: cannot expose the in-place update of {source!r} as graph output "
-                                f"{name!r}: the model already uses that name")
+                                f"{name!r}: the model already uses that name (or another node updates the same input)")
         out_index = schema.output_index(binding.arg(out_role))
         outputs += [""] * (out_index + 1 - len(outputs))
         if outputs[out_index]:

@@ -23,7 +23,7 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes import InPlacePass, PassResult
 
-from lowering import graphs, ir_bridge
+from lowering import graphs, in_place, ir_bridge
 from lowering.builder import NodeBuilder
 from lowering.compat import runtime_ir_version
 from lowering.modelio import check_structure
@@ -288,9 +288,12 @@ class _Lowering:
 
     # -- one node --------------------------------------------------------------------------------
     def _lower_node(self, node: onnx.NodeProto, scope: _Scope) -> None:
+        exposed, joins = frozenset(), []
+        if scope.graph is self.model.graph:  # in-place updates become main-graph outputs (lowering.in_place)
+            node, exposed, joins = in_place.expose(node, self.registry, scope.graph, self._taken, scope.types)
         inference, verified_names, key = self._infer(node, self._value_types(node, scope))
-        wanted = frozenset(name for name in node.output if name in scope.reads)
-        graph_outputs = frozenset(name for name in node.output if name in scope.outputs)
+        wanted = frozenset(name for name in node.output if name in scope.reads) | exposed
+        graph_outputs = frozenset(name for name in node.output if name in scope.outputs) | exposed
         # the options (target included) are part of the key: what a rule emits depends on them
         replay_key = (key, self.options, tuple(name in wanted for name in node.output),
                       tuple(map(graph_outputs.__contains__, node.output)))
@@ -334,6 +337,9 @@ class _Lowering:
             self._name_index[prefix] = builder.last_index
         else:
             self._taken |= builder.used_names
+        for produced, exposed_name in joins:
+            out.add(op_type="Identity", input=[produced], output=[exposed_name], name=builder.fresh("in_place"))
+            emitted += 1
         self._added += emitted - 1
         self._note_output_types(node, inference.output_types, wanted, scope)
         self.report.lowered[f"{node.domain or 'ai.onnx'}::{node.op_type}"] += 1

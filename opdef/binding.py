@@ -40,6 +40,9 @@ class Binding:
     options: tuple[tuple[str, Any], ...] = ()  # rule-specific extras
     # default-domain ops only (onnxruntime-training's MaxPoolGrad ...): the first default opset that has it
     since_opset: int | None = None
+    # (output role, input role): the output is the in-place update of the input (DESIGN.md section 9); a
+    # lowered main graph also returns it as the graph output "<input value name>.updated"
+    in_place: tuple[tuple[str, str], ...] = ()
 
     @functools.cached_property
     def role_map(self) -> Mapping[str, str]:  # read for every node the pass lowers: built once, read-only
@@ -64,7 +67,7 @@ class Binding:
 
 
 _FIELDS = {"spec", "domain", "op_type", "rule", "dialect", "roles", "layout", "layout_attribute",
-           "statistics", "stat_input", "min_rank", "max_rank", "options", "since_opset", "comment"}
+           "statistics", "stat_input", "min_rank", "max_rank", "options", "since_opset", "in_place", "comment"}
 
 
 def load_bindings(path: Path) -> list[Binding]:
@@ -126,11 +129,16 @@ def _bindings(raw: Any, source: str) -> list[Binding]:
         options = entry.get("options", {})
         if not isinstance(options, dict):
             raise SpecError(source, None, f"{where}: options must be an object")
+        in_place = entry.get("in_place", {})
+        if not isinstance(in_place, dict) or not all(
+                isinstance(o, str) and isinstance(i, str) and o in roles and i in roles for o, i in in_place.items()):
+            raise SpecError(source, None, f"{where}: in_place must map output roles to input roles, both in roles")
         out.append(Binding(
             spec=entry["spec"], domain=entry["domain"], op_type=entry["op_type"], rule=entry["rule"],
             dialect=entry.get("dialect"), roles=tuple(roles.items()), layout=layout,
             layout_attribute=entry.get("layout_attribute"), statistics=statistics, stat_input=stat_input,
             min_rank=entry.get("min_rank"), max_rank=entry.get("max_rank"),
             options=tuple(sorted(options.items())), since_opset=entry.get("since_opset"),
+            in_place=tuple(in_place.items()),
         ))
     return out

@@ -22,7 +22,7 @@ from onnx import AttributeProto, TensorProto, helper
 from opdef.errors import SpecError, VerificationError
 from opdef.registry import Entry, Registry, load_schemas
 from opdef.schema import Argument, Attribute
-from opdef.types import ONNX_ELEM_TYPE, TYPE_CLASSES, normalize_type
+from opdef.types import ONNX_ELEM_TYPE, TYPE_CLASSES, normalize_type, sequence_element
 from opdef.verify import infer_with_schema, onnx_attribute_kind, tensor_type_from_proto, tensor_type_to_proto
 
 __all__ = ["lenient_inference", "register_onnx_schemas", "to_onnx_schema", "unregister_onnx_schemas"]
@@ -130,6 +130,12 @@ def _tensor_types(names) -> list[str]:
     out = []
     for name in names:
         norm = normalize_type(name)
+        element = sequence_element(norm)
+        if element in ONNX_ELEM_TYPE:  # seq(f32): onnx spells it seq(tensor(float))
+            s = f"seq(tensor({TensorProto.DataType.Name(ONNX_ELEM_TYPE[element]).lower()}))"
+            if s not in out:
+                out.append(s)
+            continue
         for t in TYPE_CLASSES.get(norm, (norm,)):
             if t in ONNX_ELEM_TYPE:
                 s = f"tensor({TensorProto.DataType.Name(ONNX_ELEM_TYPE[t]).lower()})"

@@ -534,7 +534,10 @@ def _check_only_batch_norm_nodes_changed(model, lowered, same=lambda a, b: a == 
     # other training ops still need their domain; graph inputs, outputs and initializers are unchanged
     assert any(o.domain == MS for o in lowered.opset_import)
     assert list(lowered.graph.input) == list(model.graph.input)
-    assert [o.name for o in lowered.graph.output] == [o.name for o in model.graph.output]
+    # ... plus each accumulation buffer's in-place update (DESIGN.md section 9)
+    buffers = [n.input[0] for n in model.graph.node if n.op_type == "InPlaceAccumulatorV2"]
+    assert [o.name for o in lowered.graph.output] == [o.name for o in model.graph.output] + \
+        [f"{b}.updated" for b in buffers]
     assert list(lowered.graph.initializer) == list(model.graph.initializer)
     # the lowered batch-norm nodes are standard ONNX
     new = [n for n in lowered.graph.node if n.name not in {m.name for m in before}]

@@ -27,6 +27,9 @@ BUNDLED = {
     ("com.microsoft", "SoftmaxCrossEntropyLossGrad"): "onednn",
     ("", "MaxPoolGrad"): "onednn",
     ("", "AveragePoolGrad"): "onednn",
+    ("com.microsoft", "InPlaceAccumulatorV2"): "onednn",
+    ("com.microsoft", "AdamWOptimizer"): "onednn",
+    ("com.microsoft", "SGDOptimizerV2"): "onednn",
 }
 
 

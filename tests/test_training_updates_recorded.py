@@ -1,0 +1,255 @@
+"""Recorded onnxruntime-training 1.19.2 outputs (tests/fixtures/ort_training, recorded on branch issue12a):
+the per-op cases of InPlaceAccumulatorV2, AdamWOptimizer and SGDOptimizerV2, the optimizer step of each
+generate_artifacts artifact, and whole-artifact training where every op of the training model has a
+lowering. The lowered graphs run on plain onnxruntime; the fixtures are the ground truth.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+import lowering
+from lowering.training import Trainer, initial_parameters, lower_artifacts
+from opdef.errors import LoweringError
+
+ROOT = Path(__file__).resolve().parent / "fixtures" / "ort_training"
+OURS = ("InPlaceAccumulatorV2", "AdamWOptimizer", "SGDOptimizerV2")
+CASES = [c for c in json.loads((ROOT / "ops" / "cases.json").read_text()) if c["op_type"] in OURS]
+ARTIFACTS = sorted(p.name for p in (ROOT / "artifacts").iterdir() if p.is_dir())
+
+
+def _close(got, want, tol, what):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    scale = max(float(np.max(np.abs(want))) if want.size else 0.0, 1e-30)
+    err = float(np.max(np.abs(got - want))) / scale if want.size else 0.0
+    assert err <= tol, f"{what}: error {err:.3g} of the largest entry > {tol}"
+
+
+def _value(arrays, key):
+    """A recorded tensor, or a recorded sequence (``key.0``, ``key.1`` ...) as a list."""
+    if key in arrays:
+        return arrays[key]
+    items = []
+    while f"{key}.{len(items)}" in arrays:
+        items.append(arrays[f"{key}.{len(items)}"])
+    assert items, f"nothing recorded under {key!r}"
+    return items
+
+
+def _recorded_after_the_update(arrays) -> bool:
+    """onnxruntime-training updates these inputs in place: a recorder that saves the input arrays after the
+    run saves the updated values (and, for sequences, memory onnxruntime reused: NaN). Such a case cannot
+    test anything: the input it claims is not the input that was run."""
+    floats = [v for v in arrays.values() if v.dtype.kind == "f"]
+    if any(np.isnan(v).any() for v in floats):
+        return True
+    if "in.update_signal" in arrays and not arrays["in.update_signal"].all():
+        return False  # no update: inputs equal to outputs are what should be recorded
+    pairs = [("in.accumulation_buffer", "out.accumulation_buffer_out"), ("in.weights.0", "out.updated_weights.0")]
+    return any(a in arrays and b in arrays and np.array_equal(arrays[a], arrays[b])
+               and not np.array_equal(arrays.get("in.value", arrays.get("in.gradients.0")), arrays[b])
+               for a, b in pairs)
+
+
+def _type_outputs(model, arrays):
+    """The recorder's one-node models leave their graph outputs untyped, which onnx.checker refuses before
+    any lowering; type them from the recorded values (a sequence as a sequence of its elements' type)."""
+    for output in model.graph.output:
+        if output.type.WhichOneof("value") is not None:
+            continue
+        value = _value(arrays, f"out.{output.name}")
+        element = value[0] if isinstance(value, list) else value
+        tensor = helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(element.dtype), list(element.shape))
+        if isinstance(value, list):
+            tensor = helper.make_sequence_type_proto(helper.make_tensor_type_proto(tensor.tensor_type.elem_type, None))
+        output.type.CopyFrom(tensor)
+
+
+def test_the_fixtures_cover_the_three_ops():
+    assert {c["op_type"] for c in CASES} == set(OURS) and len(CASES) >= 10
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['op_type']}-{c['variant']}")
+def test_per_op_fixture(case):
+    model = onnx.load(ROOT / case["model"])
+    arrays = dict(np.load(ROOT / case["arrays"]))
+    if _recorded_after_the_update(arrays):
+        pytest.skip("the recording aliases inputs with in-place outputs (inputs hold the updated values or NaN); "
+                    "re-record with copies of the inputs")
+    _type_outputs(model, arrays)
+    lowered = lowering.lower_model(model)
+    onnx.checker.check_model(lowered, full_check=True)
+    assert all(n.domain in ("", "ai.onnx") for n in lowered.graph.node)
+    session = ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {i.name: _value(arrays, f"in.{i.name}") for i in session.get_inputs()}
+    got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+    node = model.graph.node[0]
+    for name in node.output:
+        if not name:
+            continue
+        want = _value(arrays, f"out.{name}")
+        if isinstance(want, list):
+            assert len(got[name]) == len(want)
+            for i, (g, w) in enumerate(zip(got[name], want, strict=True)):
+                _close(g, w, 1e-5, f"{name}[{i}]")
+        elif want.dtype == bool:
+            assert got[name].tolist() == want.tolist(), name
+        else:
+            _close(got[name], want, 1e-6, name)
+    # the in-place contract: each updated input is also a graph output '<input>.updated', equal to the
+    # op's own output for it
+    exposed = [o.name for o in lowered.graph.output if o.name.endswith(".updated")]
+    assert exposed, "no '.updated' output"
+    for name in exposed:
+        source = name.removesuffix(".updated")
+        assert source in node.input
+        own = {"accumulation_buffer": "accumulation_buffer_out", "weights": "updated_weights",
+               "momentums_1": "updated_momentums_1", "momentums_2": "updated_momentums_2"}[source]
+        if own in node.output:
+            a, b = got[name], got[own]
+            assert [np.asarray(x).tolist() for x in (a if isinstance(a, list) else [a])] == \
+                [np.asarray(x).tolist() for x in (b if isinstance(b, list) else [b])]
+
+
+@pytest.mark.parametrize("name", ARTIFACTS)
+def test_artifact_optimizer_step(name):
+    """One optimizer step of the artifact's own optimizer model, from the recorded first-step gradients."""
+    directory = ROOT / "artifacts" / name
+    meta = json.loads((directory / "meta.json").read_text())
+    model = lowering.lower_model(onnx.load(directory / "optimizer_model.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    initial = dict(np.load(directory / "initial_params.npz"))
+    train_out = dict(np.load(directory / "raw_train_step1.npz"))
+    recorded = dict(np.load(directory / "raw_optimizer_step1.npz"))
+    params = [initial[p] for p in meta["trainable_params"]]
+    zeros = [np.zeros_like(p) for p in params]
+    feeds = {"learning_rate": recorded["in.learning_rate"], "step": recorded["in.step"], "params": params,
+             "gradients": [train_out[f"{p}_grad.accumulation.buffer.updated"] for p in meta["trainable_params"]],
+             "first_order_moments": zeros, "second_order_moments": zeros}
+    assert recorded["in.step"].tolist() == [1]
+    feeds = {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}}
+    got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+    for seq in ("params", "first_order_moments", "second_order_moments"):
+        if f"{seq}.updated.0" not in recorded:
+            continue
+        want = _value(recorded, f"{seq}.updated")
+        for p, g, w in zip(meta["trainable_params"], got[f"{seq}.updated"], want, strict=True):
+            _close(g, w, 1e-5, f"{name} {seq}.updated[{p}]")
+
+
+def _artifact_data(directory, meta, models):
+    data = dict(np.load(directory / "data.npz"))
+    first = models.training.graph.input[0].name
+    return {first: data["input"][None], meta["labels_input"]: data["labels"][None]}
+
+
+def _trainer_or_skip(name):
+    directory = ROOT / "artifacts" / name
+    try:
+        models = lower_artifacts(directory)
+    except LoweringError as exc:
+        if "plain onnxruntime cannot run" not in str(exc) or any(op in str(exc) for op in OURS):
+            raise
+        pytest.skip(f"needs lowerings this branch does not have: {exc}")  # other engineers' ops (issue 12)
+    meta = json.loads((directory / "meta.json").read_text())
+    start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")), "initial")
+    trainer = Trainer(models, start, learning_rate=meta["learning_rate"])
+    return directory, meta, models, trainer
+
+
+@pytest.mark.parametrize("name", ARTIFACTS)
+def test_artifact_one_train_step(name):
+    directory, meta, models, trainer = _trainer_or_skip(name)
+    data = _artifact_data(directory, meta, models)
+    recorded = dict(np.load(directory / "api_step1.npz"))
+    loss = trainer.step({k: v[0] for k, v in data.items()})
+    assert loss == pytest.approx(float(recorded["loss"]), rel=1e-5)
+    for p in meta["trainable_params"]:
+        _close(trainer.buffers[p], recorded[f"grad.{p}"], 1e-4, f"gradient of {p}")
+    after = dict(np.load(directory / "api_optimizer_step1.npz"))
+    for p in meta["trainable_params"]:
+        _close(trainer.params[p], after[f"param.{p}"], 1e-5, f"{p} after one step")
+
+
+@pytest.mark.parametrize("name", ARTIFACTS)
+def test_artifact_twenty_step_loss_curve(name):
+    directory, meta, models, trainer = _trainer_or_skip(name)
+    data = _artifact_data(directory, meta, models)
+    curve = json.loads((directory / "api_curve.json").read_text())
+    losses = [trainer.step({k: v[0] for k, v in data.items()}) for _ in range(curve["steps"])]
+    np.testing.assert_allclose(losses, curve["loss"], rtol=1e-4)
+
+
+# -- the MLP artifacts end to end, their other training ops replaced in the test --------------------
+
+def _standard_stand_ins(model: onnx.ModelProto) -> onnx.ModelProto:
+    """ReluGrad, SigmoidGrad and Scale written as standard ops, here in the test (their lowerings belong to
+    another part of issue 12): ReluGrad(dY, X) = dY where X > 0 else 0; SigmoidGrad(dY, Y) = dY * Y * (1 - Y);
+    Scale(x, s) = x * s, or x / s with scale_down."""
+    nodes = []
+    for i, node in enumerate(model.graph.node):
+        if node.domain == "com.microsoft" and node.op_type == "ReluGrad":
+            dy, x = node.input
+            zero, mask = f"standin_zero_{i}", f"standin_mask_{i}"
+            nodes += [helper.make_node("Constant", [], [zero], value=helper.make_tensor(zero, 1, [], [0.0])),
+                      helper.make_node("Greater", [x, zero], [mask]),
+                      helper.make_node("Where", [mask, dy, zero], list(node.output))]
+        elif node.domain == "com.microsoft" and node.op_type == "SigmoidGrad":  # dY * Y * (1 - Y)
+            dy, y = node.input
+            one, rest, dyy = f"standin_one_{i}", f"standin_rest_{i}", f"standin_dyy_{i}"
+            nodes += [helper.make_node("Constant", [], [one], value=helper.make_tensor(one, 1, [], [1.0])),
+                      helper.make_node("Sub", [one, y], [rest]), helper.make_node("Mul", [dy, y], [dyy]),
+                      helper.make_node("Mul", [dyy, rest], list(node.output))]
+        elif node.domain == "com.microsoft" and node.op_type == "Scale":
+            down = any(a.name == "scale_down" and a.i for a in node.attribute)
+            x, scale = node.input
+            as_float = f"standin_scale_{i}"  # the scale is often an int64 element count; these graphs are f32
+            nodes += [helper.make_node("Cast", [scale], [as_float], to=onnx.TensorProto.FLOAT),
+                      helper.make_node("Div" if down else "Mul", [x, as_float], list(node.output))]
+        else:
+            nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
+@pytest.mark.parametrize("name", ["mlp", "mlp_l1", "mlp_bce"])
+def test_mlp_artifact_trains_like_onnxruntime_training(name, tmp_path):
+    source = ROOT / "artifacts" / name
+    directory = tmp_path / name
+    directory.mkdir()
+    for f in ("optimizer_model.onnx", "initial_params.npz", "data.npz", "meta.json"):
+        (directory / f).write_bytes((source / f).read_bytes())
+    onnx.save(_standard_stand_ins(onnx.load(source / "training_model.onnx")), directory / "training_model.onnx")
+    meta = json.loads((source / "meta.json").read_text())
+    models = lower_artifacts(directory)
+    for model in (models.training, models.optimizer):
+        onnx.checker.check_model(model, full_check=True)
+    start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")), "initial")
+    assert sorted(start.frozen) == sorted(meta["frozen_params"])
+    trainer = Trainer(models, start, learning_rate=meta["learning_rate"])
+    batch = {k: v[0] for k, v in _artifact_data(directory, meta, models).items()}
+    recorded = dict(np.load(source / "api_step1.npz"))
+    assert trainer.step(batch) == pytest.approx(float(recorded["loss"]), rel=1e-5)
+    # a gradient that is zero in exact arithmetic (the bias of a Linear before batch norm) holds rounding
+    # noise of 1e-8: it is measured against the largest gradient of the model instead of its own
+    largest = max(float(np.abs(recorded[f"grad.{p}"]).max()) for p in meta["trainable_params"])
+    for p in meta["trainable_params"]:
+        want = recorded[f"grad.{p}"]
+        err = float(np.abs(trainer.buffers[p] - want).max()) / max(float(np.abs(want).max()), 1e-3 * largest)
+        assert err <= 1e-4, f"gradient of {p}: error {err:.3g}"
+    after = dict(np.load(source / "api_optimizer_step1.npz"))
+    for p in meta["trainable_params"]:
+        _close(trainer.params[p], after[f"param.{p}"], 1e-5, f"{p} after one step")
+    curve = json.loads((source / "api_curve.json").read_text())
+    losses = [float(recorded["loss"])] + [trainer.step(batch) for _ in range(curve["steps"] - 1)]
+    np.testing.assert_allclose(losses, curve["loss"], rtol=1e-4)

@@ -175,7 +175,8 @@ def make(name: str, out_root: Path, seed: int) -> dict:
                                    [raw_train[f"{b}.updated"] for b in buffers])
     np.savez_compressed(directory / "raw_optimizer_step1.npz", **raw_opt)
 
-    meta = {"name": name, "model": repr(model), "labels_input": label_name, "input_shape": list(in_shape), "labels_dtype": str(label_dtype),
+    meta = {"name": name, "model": repr(model), "labels_input": label_name,
+            "input_shape": list(in_shape), "labels_dtype": str(label_dtype),
             "loss": loss.name, "optimizer": optim.name, "learning_rate": lr, "seed": seed,
             "trainable_params": trainable, "frozen_params": [p for p in params if p not in trainable],
             "accumulation_buffers": buffers,
@@ -219,7 +220,7 @@ def _run_training_model(model, data, label_name, labels, initial, buffers) -> di
             feeds[vi.name] = np.zeros(initial[vi.name[: -len("_grad.accumulation.buffer")]].shape, np.float32)
     session = _session(exposed)
     names = [o.name for o in session.get_outputs()]
-    out = dict(zip(names, session.run(None, feeds)))
+    out = dict(zip(names, session.run(None, feeds), strict=True))
     return {k: np.asarray(v) for k, v in out.items()}
 
 
@@ -241,7 +242,7 @@ def _run_optimizer_model(model, lr, trainable, initial, grads) -> dict:
     # the sequence inputs are initial_params.npz and raw_train_step1.npz's buffers (or zeros): not stored again
     for name in ("learning_rate", "step"):
         arrays[f"in.{name}"] = feeds[name]
-    for meta, value in zip(session.get_outputs(), session.run(None, feeds)):
+    for meta, value in zip(session.get_outputs(), session.run(None, feeds), strict=True):
         _store(arrays, meta.name, value)
     return arrays
 

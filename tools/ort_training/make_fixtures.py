@@ -9,7 +9,8 @@ Writes
 - ops/<Op>/<variant>.onnx + .npz: one training op in a one-node model, run by onnxruntime-training's
   InferenceSession (its CPU kernels for the training ops); the npz holds ``in.<name>`` and
   ``out.<name>`` arrays (a tensor sequence as ``in.<name>.<i>``); ops/cases.json indexes them.
-- op_schemas.json: each training op's inputs/outputs/attributes as onnxruntime-training reports them.
+- op_schemas.json: each training op's inputs/outputs/attributes as onnxruntime-training reports them
+  (when the wheel exposes schemas; the 1.19.2 wheel does not, and op_schemas_source.py writes it).
 - artifacts/<name>/: generate_artifacts output for small torch models plus the training API's results
   (see make_artifacts.py).
 """
@@ -87,12 +88,12 @@ def record(op: str, variant: str, inputs: dict, outputs: list[str], attrs: dict 
     arrays: dict[str, np.ndarray] = {}
     for name, value in feeds.items():
         _put(arrays, f"in.{name}", value)
-    for name, value in zip(requested, results):
+    for name, value in zip(requested, results, strict=True):
         _put(arrays, f"out.{name}", value)
     # fix the declared output types to what onnxruntime produced, so the saved model is self-describing
-    del graph.output[:]
-    graph.output.extend(_value_info(n, v if not isinstance(v, list) else list(v))
-                        for n, v in zip(requested, results))
+    del model.graph.output[:]  # make_model copied the graph
+    model.graph.output.extend(_value_info(n, v if not isinstance(v, list) else list(v))
+                        for n, v in zip(requested, results, strict=True))
     directory = OUT / "ops" / op
     directory.mkdir(parents=True, exist_ok=True)
     onnx.save(model, directory / f"{variant}.onnx")
@@ -102,10 +103,10 @@ def record(op: str, variant: str, inputs: dict, outputs: list[str], attrs: dict 
             "attributes": {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()},
             "inputs": in_names, "outputs": outputs,
             "sequences": [n for n, v in inputs.items() if isinstance(v, list)]
-            + [n for n, v in zip(requested, results) if isinstance(v, list)]}
+            + [n for n, v in zip(requested, results, strict=True) if isinstance(v, list)]}
     _cases.append(case)
     print(f"  {op}/{variant}")
-    return dict(zip(requested, results))
+    return dict(zip(requested, results, strict=True))
 
 
 def _put(arrays: dict, key: str, value) -> None:
@@ -158,6 +159,12 @@ def relu_grad_cases() -> None:
     record("ReluGrad", "2d", {"dY": rand(3, 5), "X": rand(3, 5)}, ["dX"])
     record("ReluGrad", "4d_f16", {"dY": rand(2, 3, 4, 4, dtype=np.float16), "X": rand(2, 3, 4, 4, dtype=np.float16)},
            ["dX"])
+
+
+def sigmoid_grad_cases() -> None:
+    # the BCEWithLogitsLoss artifact's gradient; its second input is the Sigmoid output
+    y = (1.0 / (1.0 + np.exp(-rand(4, 3)))).astype(np.float32)
+    record("SigmoidGrad", "2d", {"dY": rand(4, 3), "Y": y}, ["dX"])
 
 
 def pool_out(size, k, s, pb, pe, ceil, d=1):
@@ -333,9 +340,9 @@ def schemas() -> None:
     from onnxruntime.capi import onnxruntime_pybind11_state as state
 
     if not hasattr(state, "get_all_operator_schema"):
-        # the 1.19.2 wheel is built without the schema binding: op_schemas.json is then written
-        # by hand from onnxruntime's training_op_defs.cc of that release (see the fixtures README)
-        print("op_schemas.json: this build exposes no operator schemas; kept as committed")
+        # the 1.19.2 wheel is built without the schema binding: op_schemas.json then comes from
+        # op_schemas_source.py, transcribed from onnxruntime's training_op_defs.cc
+        print("op_schemas.json: this build exposes no operator schemas; run op_schemas_source.py")
         return
     wanted = {(d, op) for d, op in TRAINING_OPS}
     found: dict[str, dict] = {}
@@ -386,7 +393,7 @@ def ops() -> None:
     _cases = []
     schemas()
     for make in (conv_grad_cases, relu_grad_cases, max_pool_grad_cases, average_pool_grad_cases, scale_cases,
-                 softmax_ce_grad_cases, accumulator_cases, optimizer_cases, batch_norm_cases):
+                 softmax_ce_grad_cases, accumulator_cases, optimizer_cases, batch_norm_cases, sigmoid_grad_cases):
         make()
     (OUT / "ops" / "cases.json").write_text(json.dumps(_cases, indent=1) + "\n")
     print(f"{len(_cases)} op cases")

@@ -14,7 +14,7 @@ import pytest
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ort_training"
 CASES = json.loads((FIXTURES / "ops" / "cases.json").read_text())
-ARTIFACTS = ("cnn", "mlp", "mlp_bce", "mlp_l1")
+ARTIFACTS = ("cnn", "mlp", "mlp_bce", "mlp_l1", "cnn1d")
 ARTIFACT_FILES = ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint", "data.npz",
                   "initial_params.npz", "api_step1.npz", "api_optimizer_step1.npz", "api_curve.json",
                   "raw_train_step1.npz", "raw_optimizer_step1.npz", "meta.json")

@@ -56,6 +56,16 @@ def cnn() -> nn.Module:
         nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
 
 
+def cnn1d() -> nn.Module:
+    # 1-D layers and the pooling options the 2-D net leaves at their defaults
+    return nn.Sequential(
+        nn.Conv1d(3, 6, 3, padding=1), nn.BatchNorm1d(6), nn.ReLU(),
+        nn.MaxPool1d(2, stride=2, ceil_mode=True),                   # 11 -> 6
+        nn.Conv1d(6, 6, 3, stride=2, padding=1, groups=3), nn.ReLU(),  # 6 -> 3
+        nn.AvgPool1d(3, stride=1, padding=1, count_include_pad=False),
+        nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(6, 3))
+
+
 def mlp(out: int = 3) -> nn.Module:
     return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, out))
 
@@ -79,6 +89,7 @@ ARTIFACTS = {
     "mlp": (mlp, (4, 6), ("real", 3), artifacts.LossType.MSELoss, artifacts.OptimType.SGD),
     "mlp_bce": (mlp, (4, 6), ("binary", 3), artifacts.LossType.BCEWithLogitsLoss, artifacts.OptimType.AdamW),
     "mlp_l1": (mlp, (4, 6), ("real", 3), artifacts.LossType.L1Loss, artifacts.OptimType.SGD),
+    "cnn1d": (cnn1d, (4, 3, 11), ("class", 3), artifacts.LossType.CrossEntropyLoss, artifacts.OptimType.SGD),
 }
 
 

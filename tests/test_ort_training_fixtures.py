@@ -76,6 +76,7 @@ def test_op_case_arrays_match_its_model(case):
         declared = _declared(value_info)
         if declared is None:  # a tensor sequence: stored item by item
             assert value_info.name in case["sequences"] and _sequence(arrays, key), key
+            assert all(np.isfinite(item).all() for item in _sequence(arrays, key)), key
             continue
         assert key in arrays, key
         assert _matches(arrays[key], declared), (key, arrays[key].dtype, arrays[key].shape, declared)

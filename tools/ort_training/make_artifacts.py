@@ -33,6 +33,7 @@ from onnxruntime.training.api import CheckpointState, Module, Optimizer
 from torch import nn
 
 STEPS = 20
+BUFFER = "_grad.accumulation.buffer"
 STANDARD = {"", "ai.onnx"}
 
 
@@ -180,11 +181,21 @@ def make(name: str, out_root: Path, seed: int) -> dict:
                       "- the same batch (data.npz) every step, starting from initial_params.npz"}, indent=1) + "\n")
 
     # the raw graphs, explicit inputs: what a lowered graph on plain onnxruntime must reproduce
-    raw_train = _run_training_model(train_model, data, label_name, labels, initial, buffers)
+    zero_buffers = {b: np.zeros_like(initial[b[: -len(BUFFER)]]) for b in buffers}
+    raw_train = _run_training_model(train_model, data, label_name, labels, initial, zero_buffers)
     np.savez_compressed(directory / "raw_train_step1.npz", **raw_train)
-    raw_opt = _run_optimizer_model(onnx.load(opt_path), lr, trainable, initial,
-                                   [raw_train[f"{b}.updated"] for b in buffers])
+    opt_model = onnx.load(opt_path)
+    zero_moments = [np.zeros_like(initial[p]) for p in trainable]
+    raw_opt = _run_optimizer_model(opt_model, lr, 1, [initial[p] for p in trainable],
+                                   [raw_train[f"{b}.updated"] for b in buffers], zero_moments, zero_moments)
     np.savez_compressed(directory / "raw_optimizer_step1.npz", **raw_opt)
+    raw_curve = _raw_curve(train_model, opt_model, data, label_name, labels, initial, trainable, buffers, lr)
+    gap = float(np.max(np.abs(np.array(raw_curve) - np.array(curve))))
+    (directory / "raw_curve.json").write_text(json.dumps(
+        {"steps": STEPS, "loss": raw_curve, "max_abs_difference_to_api_curve": gap,
+         "procedure": "step k = 1..20: training_model.onnx on the current parameters, the previous buffers "
+                      "and lazy_reset_grad=[True]; then optimizer_model.onnx with step=[k], the buffers as "
+                      "gradients and the moments carried over (zero at k = 1)"}, indent=1) + "\n")
 
     meta = {"name": name, "model": repr(model), "labels_input": label_name,
             "input_shape": list(in_shape), "labels_dtype": str(label_dtype),
@@ -220,34 +231,33 @@ def _session(model: onnx.ModelProto) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
-def _run_training_model(model, data, label_name, labels, initial, buffers) -> dict:
+def _run_training_model(model, data, label_name, labels, params, buffers) -> dict:
     # InPlaceAccumulatorV2's optional second output is the updated buffer: name it <buffer>.updated
     exposed = _expose(model, "InPlaceAccumulatorV2", lambda n: {1: f"{n.input[0]}.updated"})
     feeds = {"input": data, label_name: labels, "lazy_reset_grad": np.array([True])}
-    for vi in model.graph.input:
-        if vi.name in initial:
-            feeds[vi.name] = initial[vi.name]
-        elif vi.name in buffers:
-            feeds[vi.name] = np.zeros(initial[vi.name[: -len("_grad.accumulation.buffer")]].shape, np.float32)
+    feeds.update({vi.name: params[vi.name] for vi in model.graph.input if vi.name in params})
+    feeds.update(buffers)
+    feeds = {k: np.array(v, copy=True) for k, v in feeds.items()}  # in-place kernels write into feeds
     session = _session(exposed)
     names = [o.name for o in session.get_outputs()]
     out = dict(zip(names, session.run(None, feeds), strict=True))
     return {k: np.asarray(v) for k, v in out.items()}
 
 
-def _run_optimizer_model(model, lr, trainable, initial, grads) -> dict:
+def _run_optimizer_model(model, lr, step, params, grads, moments_1, moments_2) -> dict:
     optimizer_ops = {"AdamWOptimizer": {1: "params.updated", 2: "first_order_moments.updated",
                                         3: "second_order_moments.updated"},
                      "SGDOptimizerV2": {1: "params.updated"}}
     for op_type, outs in optimizer_ops.items():
         model = _expose(model, op_type, lambda n, outs=outs: outs)
-    feeds = {"learning_rate": np.array([lr], np.float32), "step": np.array([1], np.int64),
-             "params": [initial[p] for p in trainable], "gradients": list(grads)}
+    feeds = {"learning_rate": np.array([lr], np.float32), "step": np.array([step], np.int64),
+             "params": list(params), "gradients": list(grads), "first_order_moments": list(moments_1),
+             "second_order_moments": list(moments_2)}
     names = {vi.name for vi in model.graph.input}
-    for moments in ("first_order_moments", "second_order_moments"):
-        if moments in names:
-            feeds[moments] = [np.zeros_like(initial[p]) for p in trainable]
-    feeds = {k: v for k, v in feeds.items() if k in names}
+    # copies: the in-place kernels write into the fed arrays' memory (the first version of this
+    # harness fed one zero list as both moments and got them clobbered)
+    feeds = {k: [np.array(t, copy=True) for t in v] if isinstance(v, list) else np.array(v, copy=True)
+             for k, v in feeds.items() if k in names}
     session = _session(model)
     arrays = {}
     # the sequence inputs are initial_params.npz and raw_train_step1.npz's buffers (or zeros): not stored again
@@ -256,6 +266,26 @@ def _run_optimizer_model(model, lr, trainable, initial, grads) -> dict:
     for meta, value in zip(session.get_outputs(), session.run(None, feeds), strict=True):
         _store(arrays, meta.name, value)
     return arrays
+
+
+def _raw_curve(train_model, opt_model, data, label_name, labels, initial, trainable, buffers, lr) -> list[float]:
+    """The 20-step loop on the raw graphs, carrying parameters, buffers and moments by hand."""
+    params = dict(initial)
+    grads = {b: np.zeros_like(initial[b[: -len(BUFFER)]]) for b in buffers}
+    moments_1 = moments_2 = [np.zeros_like(initial[p]) for p in trainable]
+    loss_name = train_model.graph.output[0].name
+    losses = []
+    for step in range(1, STEPS + 1):
+        out = _run_training_model(train_model, data, label_name, labels, params, grads)
+        losses.append(float(out[loss_name]))
+        grads = {b: out[f"{b}.updated"] for b in buffers}
+        opt = _run_optimizer_model(opt_model, lr, step, [params[p] for p in trainable],
+                                   [grads[b] for b in buffers], moments_1, moments_2)
+        params.update({p: opt[f"params.updated.{i}"] for i, p in enumerate(trainable)})
+        if f"first_order_moments.updated.{0}" in opt:
+            moments_1 = [opt[f"first_order_moments.updated.{i}"] for i in range(len(trainable))]
+            moments_2 = [opt[f"second_order_moments.updated.{i}"] for i in range(len(trainable))]
+    return losses
 
 
 def _store(arrays: dict, key: str, value) -> None:

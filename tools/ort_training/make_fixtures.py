@@ -83,7 +83,10 @@ def record(op: str, variant: str, inputs: dict, outputs: list[str], attrs: dict 
     model.ir_version = 8
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     feeds = {n: v for n, v in inputs.items() if v is not None}
-    results = session.run(None, feeds)
+    # the session gets copies: the in-place kernels (accumulator, optimizers) write into the fed
+    # arrays' memory, which would change the recorded inputs and the arrays later cases share
+    results = session.run(None, {n: [np.array(t, copy=True) for t in v] if isinstance(v, list)
+                                 else np.array(v, copy=True) for n, v in feeds.items()})
     requested = [n for n in outputs if n]
     arrays: dict[str, np.ndarray] = {}
     for name, value in feeds.items():

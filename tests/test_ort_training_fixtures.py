@@ -17,7 +17,7 @@ CASES = json.loads((FIXTURES / "ops" / "cases.json").read_text())
 ARTIFACTS = ("cnn", "mlp", "mlp_bce", "mlp_l1", "cnn1d")
 ARTIFACT_FILES = ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint", "data.npz",
                   "initial_params.npz", "api_step1.npz", "api_optimizer_step1.npz", "api_curve.json",
-                  "raw_train_step1.npz", "raw_optimizer_step1.npz", "meta.json")
+                  "raw_train_step1.npz", "raw_optimizer_step1.npz", "raw_curve.json", "meta.json")
 
 
 def _declared(value_info: onnx.ValueInfoProto) -> tuple[np.dtype, list[int | None]] | None:
@@ -122,6 +122,8 @@ def test_artifact_is_complete_and_consistent(name):
 
     curve = json.loads((directory / "api_curve.json").read_text())
     assert len(curve["loss"]) == curve["steps"] == 20 and np.isfinite(curve["loss"]).all()
+    raw_curve = json.loads((directory / "raw_curve.json").read_text())
+    assert len(raw_curve["loss"]) == 20 and np.isfinite(raw_curve["loss"]).all()
 
 
 def test_op_schemas_cover_every_recorded_op():

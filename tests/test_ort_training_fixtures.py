@@ -109,6 +109,8 @@ def test_artifact_is_complete_and_consistent(name):
         grad, buffer = step[f"grad.{param}"], raw[f"{param}_grad.accumulation.buffer.updated"]
         assert grad.shape == buffer.shape == params[param].shape and np.isfinite(grad).all(), param
 
+    for stat in (p for p in meta["frozen_params"] if "running_" in p):  # BN running stats, updated in place
+        assert raw[f"{stat}.updated"].shape == params[stat].shape, stat
     after = np.load(directory / "api_optimizer_step1.npz")
     assert {f"param.{p}" for p in params.files} == set(after.files)
     raw_opt = np.load(directory / "raw_optimizer_step1.npz")

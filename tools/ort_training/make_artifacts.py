@@ -222,9 +222,17 @@ def _expose(model: onnx.ModelProto, op_type: str, position_to_name) -> onnx.Mode
         for position, name in position_to_name(node).items():
             while len(node.output) <= position:
                 node.output.append("")
+            if node.output[position]:  # a named output no node reads: drop its old declaration
+                _drop_value_info(model.graph, node.output[position])
             node.output[position] = name
             model.graph.output.append(helper.make_value_info(name, onnx.TypeProto()))
     return model
+
+
+def _drop_value_info(graph: onnx.GraphProto, name: str) -> None:
+    kept = [vi for vi in graph.value_info if vi.name != name]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
 
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:
@@ -234,6 +242,9 @@ def _session(model: onnx.ModelProto) -> ort.InferenceSession:
 def _run_training_model(model, data, label_name, labels, params, buffers) -> dict:
     # InPlaceAccumulatorV2's optional second output is the updated buffer: name it <buffer>.updated
     exposed = _expose(model, "InPlaceAccumulatorV2", lambda n: {1: f"{n.input[0]}.updated"})
+    # BatchNormInternal's running statistics: no graph output reads them, yet the training API's kernel
+    # writes them into its running_mean/running_var inputs in place; expose them the same way
+    exposed = _expose(exposed, "BatchNormInternal", lambda n: {1: f"{n.input[3]}.updated", 2: f"{n.input[4]}.updated"})
     feeds = {"input": data, label_name: labels, "lazy_reset_grad": np.array([True])}
     feeds.update({vi.name: params[vi.name] for vi in model.graph.input if vi.name in params})
     feeds.update(buffers)

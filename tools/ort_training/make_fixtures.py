@@ -170,6 +170,29 @@ def sigmoid_grad_cases() -> None:
     record("SigmoidGrad", "2d", {"dY": rand(4, 3), "Y": y}, ["dX"])
 
 
+def float16_cases() -> None:
+    # onnxruntime-training runs these with f16 tensors (through its own kernels or casts it inserts)
+    h = np.float16
+    record("ConvGrad", "2d_f16", {"dY": rand(2, 4, 6, 6, dtype=h), "X": rand(2, 3, 6, 6, dtype=h),
+                                  "W": rand(4, 3, 3, 3, dtype=h)}, ["dX", "dW", "dB"],
+           {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [1, 1], "dilations": [1, 1], "group": 1})
+    record("Scale", "f16", {"input": rand(3, 4, dtype=h), "scale": np.array(2.0, np.float32)}, ["output"],
+           {"scale_down": 1})
+    logits = rand(4, 5)
+    log_prob = (logits - np.log(np.exp(logits).sum(1, keepdims=True))).astype(h)  # a real log-softmax
+    record("SoftmaxCrossEntropyLossGrad", "mean_f16", {"dY": np.array(1.0, h), "log_prob": log_prob,
+                                                       "label": np.array([0, 1, 2, 3], np.int64)},
+           ["d_logits"], {"reduction": "mean"})
+    record("InPlaceAccumulatorV2", "f16", {"accumulation_buffer": rand(4, dtype=h), "value": rand(4, dtype=h)},
+           ["updated_flag", "accumulation_buffer_out"])
+    xs = rand(2, 3, 4, 4)
+    inv_std = (1.0 / np.sqrt(xs.var(axis=(0, 2, 3)) + 1e-5)).astype(np.float32)
+    record("BatchNormalizationGrad", "4d_f16_f32stats",
+           {"dY": rand(2, 3, 4, 4, dtype=h), "X": xs.astype(h), "scale": rand(3),
+            "mean": xs.mean(axis=(0, 2, 3)).astype(np.float32), "variance": inv_std},
+           ["X_grad", "scale_grad", "bias_grad"], {"epsilon": 1e-5})
+
+
 def pool_out(size, k, s, pb, pe, ceil, d=1):
     span = size + pb + pe - d * (k - 1) - 1
     return (-(-span // s) if ceil else span // s) + 1
@@ -396,7 +419,8 @@ def ops() -> None:
     _cases = []
     schemas()
     for make in (conv_grad_cases, relu_grad_cases, max_pool_grad_cases, average_pool_grad_cases, scale_cases,
-                 softmax_ce_grad_cases, accumulator_cases, optimizer_cases, batch_norm_cases, sigmoid_grad_cases):
+                 softmax_ce_grad_cases, accumulator_cases, optimizer_cases, batch_norm_cases, sigmoid_grad_cases,
+                 float16_cases):
         make()
     (OUT / "ops" / "cases.json").write_text(json.dumps(_cases, indent=1) + "\n")
     print(f"{len(_cases)} op cases")

@@ -30,10 +30,11 @@ def sgd_optimizer(lr: float, weights: Sequence, gradients: Sequence,
 
 
 def adamw_optimizer(lr: float, step: int, weights: Sequence, gradients: Sequence, momentums_1: Sequence,
-                    momentums_2: Sequence, *, alpha: float = 0.9, beta: float = 0.999, epsilon: float = 1e-8,
-                    weight_decay: float = 0.0, adam_mode: int = 0, correct_bias: int = 1,
+                    momentums_2: Sequence, *, alpha: float, beta: float, epsilon: float, weight_decay: float,
+                    adam_mode: int, correct_bias: int,
                     update_signal: bool | None = None) -> tuple[bool, list, list, list]:
-    """(updated, weights, first moments, second moments) after one step."""
+    """(updated, weights, first moments, second moments) after one step. Every hyperparameter is given:
+    the op's defaults are spec data (specs/com.microsoft/AdamWOptimizer.rst), not this module's."""
     lists = [list(map(_f64, s)) for s in (weights, gradients, momentums_1, momentums_2)]
     if len({len(s) for s in lists}) != 1:
         raise ValueError("weights, gradients and both moment sequences must have the same length")

@@ -60,7 +60,8 @@ def _reference_run(params, data, steps, lr, optimizer="adamw"):
         if optimizer == "adamw":
             _, w, m1, m2 = ref.adamw_optimizer(float(F32(lr)), k + 1, list(params.values()), g, m1, m2,
                                                alpha=float(F32(0.9)), beta=float(F32(0.999)),
-                                               epsilon=float(F32(1e-8)), weight_decay=float(F32(0.01)))
+                                               epsilon=float(F32(1e-8)), weight_decay=float(F32(0.01)),
+                                               adam_mode=0, correct_bias=1)
         else:
             _, w = ref.sgd_optimizer(float(F32(lr)), list(params.values()), g)
         params = dict(zip(params, w, strict=True))

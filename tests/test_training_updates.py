@@ -70,7 +70,7 @@ def test_adamw_spec_facts():
                                           "update_signal"]
     assert [a.optional for a in s.outputs] == [False, True, True, True]
     assert {a.name: a.default for a in s.attributes} == {
-        "alpha": 0.9, "beta": 0.999, "epsilon": 1e-8, "weight_decay": 0.0, "adam_mode": 0, "correct_bias": 1}
+        "alpha": 0.9, "beta": 0.999, "epsilon": 1e-8, "weight_decay": 0.01, "adam_mode": 0, "correct_bias": 1}
     tc = s.type_constraint_map
     assert tc[s.input("weights").type_var] == ("seq(f32)",)
     assert tc[s.input("step").type_var] == ("s64",)
@@ -218,7 +218,10 @@ def test_adamw_first_and_later_steps_match_the_float64_reference(attrs, opset):
     session = ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
     w = _params(2)
     m1, m2 = [np.zeros_like(p) for p in w], [np.zeros_like(p) for p in w]
-    defaults = {"alpha": 0.9, "beta": 0.999, "epsilon": 1e-8}  # the spec's defaults, stored as f32 like any
+    # the spec's defaults (weight_decay 0.01 as onnxruntime-training's kernel: its recorded 'defaults' fixture
+    # case decays), stored as f32 like any attribute
+    defaults = {"alpha": 0.9, "beta": 0.999, "epsilon": 1e-8, "weight_decay": 0.01, "adam_mode": 0,
+                "correct_bias": 1}
     hyper = {k: _f32(v) if isinstance(v, float) else v for k, v in {**defaults, **attrs}.items()}
     want = (w, m1, m2)
     for step in (1, 2, 3):  # step 1 first, as onnxruntime-training; later steps carry the moments
@@ -236,7 +239,7 @@ def test_adamw_first_step_moves_each_weight_by_about_the_learning_rate():
     """Independent of the reference: at step 1 with zero moments, bias-corrected Adam moves every element
     by lr * g / (|g| + eps'), i.e. by the learning rate, against the gradient's sign."""
     w, g = _params(3), _params(4)
-    _, out = _lower_and_run(_adamw_model(), _adamw_feeds(1e-3, 1, w, g, [np.zeros_like(p) for p in w],
+    _, out = _lower_and_run(_adamw_model(weight_decay=0.0), _adamw_feeds(1e-3, 1, w, g, [np.zeros_like(p) for p in w],
                                                          [np.zeros_like(p) for p in w]))
     for before, grad, after in zip(w, g, out["params.updated"], strict=True):
         np.testing.assert_allclose(after - before, -1e-3 * np.sign(grad), rtol=1e-3, atol=1e-7)
@@ -248,7 +251,8 @@ def test_adamw_update_signal(signal):
     m1, m2 = _params(7), [np.abs(p) for p in _params(8)]
     _, out = _lower_and_run(_adamw_model(signal=True), _adamw_feeds(1e-2, 4, w, g, m1, m2, signal))
     flag, *want = ref.adamw_optimizer(_f32(1e-2), 4, w, g, m1, m2, alpha=_f32(0.9), beta=_f32(0.999),
-                                      epsilon=_f32(1e-8), update_signal=signal)
+                                      epsilon=_f32(1e-8), weight_decay=_f32(0.01), adam_mode=0, correct_bias=1,
+                                      update_signal=signal)
     assert out["update_completed"].tolist() == [flag]
     for got, exp in zip(out["params.updated"], want[0], strict=True):
         _close(got, exp, 1e-5 if signal else 0)

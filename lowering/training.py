@@ -205,8 +205,10 @@ class Trainer:
 
 def batches(data: Mapping[str, np.ndarray], models: TrainingModels, frozen: Mapping[str, np.ndarray] = {},  # noqa: B006
             source: str = "") -> Callable[[int], dict]:
-    """Step ``k`` -> the feeds of the training model's data inputs (index ``k mod B`` of each array); the
-    data inputs are the inputs that are no parameter, buffer, ``lazy_reset_grad`` or ``frozen`` value."""
+    """Step ``k`` -> the feeds of the training model's data inputs: index ``k mod B`` of an array with a
+    leading batch-index axis (B batches, cycled), or the array itself, every step, when it has the input's
+    own rank (one batch). The data inputs are the inputs that are no parameter, buffer, ``lazy_reset_grad``
+    or ``frozen`` value."""
     data_inputs = [n for n in models.other_inputs if n not in frozen]
     extra = [k for k in data if k not in data_inputs]
     if extra:
@@ -221,9 +223,11 @@ def batches(data: Mapping[str, np.ndarray], models: TrainingModels, frozen: Mapp
     for name in data_inputs:
         value = np.asarray(data[name])
         rank = len(types[name].shape.dim)
+        if value.ndim == rank:
+            value = value[None]  # one batch, fed at every step
         if value.ndim != rank + 1 or value.shape[0] == 0:
-            raise TrainingDataError(f"{source}: {name!r} has shape {list(value.shape)}; expected a leading "
-                                    f"batch-index axis over the input's rank {rank}")
+            raise TrainingDataError(f"{source}: {name!r} has shape {list(value.shape)}; expected the input's rank "
+                                    f"{rank} (one batch) or a leading batch-index axis over it")
         arrays[name] = value.astype(np_dtype(types[name].elem_type), copy=False)
     return lambda k: {name: value[k % value.shape[0]] for name, value in arrays.items()}
 

@@ -142,8 +142,21 @@ def test_bad_parameters_and_data_are_one_line_errors():
         initial_parameters(TINY, models, {"fc9.weight": np.zeros(3, F32)}, "p.npz")
     with pytest.raises(TrainingDataError, match="no array for the data input 'target'"):
         train(TINY, {"input": np.zeros((2, 8, 4), F32)}, 1)
-    with pytest.raises(TrainingDataError, match="'input' has shape \\[8, 4\\]; expected a leading batch-index axis"):
-        train(TINY, {"input": np.zeros((8, 4), F32), "target": np.zeros((1, 8, 2), F32)}, 1)
+    with pytest.raises(TrainingDataError, match="'input' has shape \\[4\\]; expected the input's rank 2 "
+                       "\\(one batch\\) or a leading batch-index axis over it"):
+        train(TINY, {"input": np.zeros((4,), F32), "target": np.zeros((1, 8, 2), F32)}, 1)
+    with pytest.raises(TrainingDataError, match="'input' has shape \\[1, 1, 8, 4\\]"):
+        train(TINY, {"input": np.zeros((1, 1, 8, 4), F32), "target": np.zeros((1, 8, 2), F32)}, 1)
+
+
+def test_one_batch_of_the_inputs_own_rank_is_fed_at_every_step():
+    data = dict(np.load(TINY / "data.npz"))
+    batch = {k: v[0] for k, v in data.items()}
+    one, _ = train(TINY, batch, 3)
+    many, _ = train(TINY, {k: np.stack([v, v, v]) for k, v in batch.items()}, 3)
+    assert one == many
+    cycled, _ = train(TINY, data, 3)
+    assert data["input"].shape[0] > 1 and cycled != one  # the batch-index form does cycle
 
 
 def test_an_op_without_lowering_is_named(tmp_path):

@@ -192,3 +192,28 @@ def test_artifact_twenty_step_loss_curve(name):
     curve = json.loads((directory / "api_curve.json").read_text())
     losses = [trainer.step({k: v[0] for k, v in data.items()}) for _ in range(curve["steps"])]
     np.testing.assert_allclose(losses, curve["loss"], rtol=1e-4)
+
+
+def test_readme_cnn_example_trains_like_onnxruntime_training(capsys):
+    """The README's copy-paste example: `oplower train` on the committed CNN artifact, its data.npz holding one
+    batch (arrays of the inputs' own rank, fed at every step), the losses printed per step."""
+    from lowering.cli import main
+
+    directory = ROOT / "artifacts" / "cnn"
+    steps = 4
+    assert main(["train", str(directory), "--steps", str(steps), "--data", str(directory / "data.npz"),
+                 "--params", str(directory / "initial_params.npz")]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    losses = [float(line.split()[-1]) for line in lines]
+    curve = json.loads((directory / "api_curve.json").read_text())["loss"][:steps]
+    np.testing.assert_allclose(losses, curve, rtol=1e-5)  # printed to 6 significant digits
+
+
+@pytest.mark.parametrize("name", ARTIFACTS)
+def test_every_artifact_lowers_to_standard_onnx(name):
+    """Acceptance of issue 12: both lowered models hold standard ONNX only and pass onnx.checker's full check."""
+    models = lower_artifacts(ROOT / "artifacts" / name)
+    for model in (models.training, models.optimizer):
+        onnx.checker.check_model(model, full_check=True)
+        assert {n.domain for n in model.graph.node} <= {"", "ai.onnx"}
+        assert not [n.op_type for n in model.graph.node if n.op_type in ("MaxPoolGrad", "AveragePoolGrad")]

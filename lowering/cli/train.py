@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lowering.cli.arguments import positive_int
 from lowering.cli.run import load_npz
 from lowering.modelio import write_atomic
 from lowering.training import Trainer, batches, initial_parameters, lower_artifacts
@@ -26,7 +27,7 @@ class TrainingArgumentError(OplowerError):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("artifacts", metavar="ARTIFACT_DIR",
                    help="directory with training_model.onnx and optimizer_model.onnx")
-    p.add_argument("--steps", type=_positive_int, required=True, metavar="N", help="training steps to run")
+    p.add_argument("--steps", type=positive_int, required=True, metavar="N", help="training steps to run")
     p.add_argument("--data", required=True, metavar="IN.npz",
                    help="one array per data input of the training model, named after it, with a leading "
                         "batch-index axis; step k feeds index k mod B")
@@ -34,17 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="initial parameters by name (default: the initializers of the forward model in ARTIFACT_DIR)")
     p.add_argument("--lr", type=float, default=1e-3, metavar="LR", help="learning rate (default 1e-3)")
     p.add_argument("--save", metavar="OUT.npz", help="write the trained parameters here")
-    p.add_argument("--threads", type=_positive_int, metavar="N", help="onnxruntime intra-op threads")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
-    return value
+    p.add_argument("--threads", type=positive_int, metavar="N", help="onnxruntime intra-op threads")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,11 +23,12 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes import InPlacePass, PassResult
 
-from lowering import graphs, in_place, ir_bridge
+from lowering import graphs, ir_bridge
 from lowering.builder import NodeBuilder
 from lowering.compat import runtime_ir_version
 from lowering.modelio import check_structure
 from lowering.rules import LoweringOptions, LoweringRequest, check_portable, check_target, rule_for
+from opdef import in_place
 from opdef.errors import LoweringError
 from opdef.graphs import model_nodes, subgraphs
 from opdef.node import NodeInference, TensorType
@@ -289,7 +290,7 @@ class _Lowering:
     # -- one node --------------------------------------------------------------------------------
     def _lower_node(self, node: onnx.NodeProto, scope: _Scope) -> None:
         exposed, joins = frozenset(), []
-        if scope.graph is self.model.graph:  # in-place updates become main-graph outputs (lowering.in_place)
+        if scope.graph is self.model.graph:  # in-place updates become main-graph outputs (opdef.in_place)
             node, exposed, joins = in_place.expose(node, self.registry, scope.graph, self._taken, scope.types)
         inference, verified_names, key = self._infer(node, self._value_types(node, scope))
         wanted = frozenset(name for name in node.output if name in scope.reads) | exposed

@@ -16,7 +16,8 @@ axis; step ``k`` (from 0) feeds index ``k mod B`` of each array. Initial paramet
 parameter name, else the initializers of the other ``.onnx`` models in the directory (the forward model
 the artifacts were generated from), else the training model's own initializers. Inputs without an
 accumulation buffer that the parameter source holds (batch norm's running statistics: generate_artifacts'
-frozen parameters) are fed that value on every step.
+frozen parameters) start from that value; where a training op updates one in place (BatchNormInternal's
+running statistics, returned as ``<input>.updated``) the update is carried to the next step.
 """
 
 from __future__ import annotations
@@ -186,6 +187,9 @@ class Trainer:
         except Exception as exc:  # noqa: BLE001
             raise RuntimeFailure(f"{TRAINING_MODEL}: step {self.step_count + 1}: {ort_message(exc)}") from None
         self.buffers = {p: results[f"{p}{BUFFER_SUFFIX}.updated"] for p in self.params}
+        # frozen inputs a training op updates in place (batch norm's running statistics) carry on, as
+        # onnxruntime-training's training API updates them
+        self.frozen.update({p: results[f"{p}.updated"] for p in self.frozen if f"{p}.updated" in results})
         self.step_count += 1
         opt_feeds = {"learning_rate": self.learning_rate, "step": np.array([self.step_count], np.int64),
                      "params": list(self.params.values()), "gradients": list(self.buffers.values()),

@@ -43,6 +43,9 @@ class Binding:
     # (output role, input role): the output is the in-place update of the input (DESIGN.md section 9); a
     # lowered main graph also returns it as the graph output "<input value name>.updated"
     in_place: tuple[tuple[str, str], ...] = ()
+    # (attribute role, value): no in-place update when the node's attribute (or its spec default) has that
+    # value, e.g. BatchNormInternal in inference mode leaves its running statistics alone
+    in_place_unless: tuple[tuple[str, Any], ...] = ()
 
     @functools.cached_property
     def role_map(self) -> Mapping[str, str]:  # read for every node the pass lowers: built once, read-only
@@ -67,7 +70,8 @@ class Binding:
 
 
 _FIELDS = {"spec", "domain", "op_type", "rule", "dialect", "roles", "layout", "layout_attribute",
-           "statistics", "stat_input", "min_rank", "max_rank", "options", "since_opset", "in_place", "comment"}
+           "statistics", "stat_input", "min_rank", "max_rank", "options", "since_opset", "in_place",
+           "in_place_unless", "comment"}
 
 
 def load_bindings(path: Path) -> list[Binding]:
@@ -133,12 +137,15 @@ def _bindings(raw: Any, source: str) -> list[Binding]:
         if not isinstance(in_place, dict) or not all(
                 isinstance(o, str) and isinstance(i, str) and o in roles and i in roles for o, i in in_place.items()):
             raise SpecError(source, None, f"{where}: in_place must map output roles to input roles, both in roles")
+        in_place_unless = entry.get("in_place_unless", {})
+        if not isinstance(in_place_unless, dict) or not all(r in roles for r in in_place_unless):
+            raise SpecError(source, None, f"{where}: in_place_unless must map attribute roles to values")
         out.append(Binding(
             spec=entry["spec"], domain=entry["domain"], op_type=entry["op_type"], rule=entry["rule"],
             dialect=entry.get("dialect"), roles=tuple(roles.items()), layout=layout,
             layout_attribute=entry.get("layout_attribute"), statistics=statistics, stat_input=stat_input,
             min_rank=entry.get("min_rank"), max_rank=entry.get("max_rank"),
             options=tuple(sorted(options.items())), since_opset=entry.get("since_opset"),
-            in_place=tuple(in_place.items()),
+            in_place=tuple(in_place.items()), in_place_unless=tuple(in_place_unless.items()),
         ))
     return out

@@ -18,6 +18,7 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
+from opdef import in_place
 from opdef.errors import ModelError, OplowerError, RuntimeFailure, VerificationError
 from opdef.graphs import all_nodes
 from opdef.registry import Entry, Registry
@@ -226,9 +227,21 @@ def op_classes(registry: Registry, *, exact: bool = False, single_output: str = 
 
 
 def _prepared_copy(model: onnx.ModelProto, registry: Registry) -> onnx.ModelProto:
-    """A copy the evaluator can run: omitted outputs of custom nodes named, every used domain imported."""
+    """A copy the evaluator can run: omitted outputs of custom nodes named, every used domain imported, and
+    the in-place contract applied to the main graph as the lowering applies it (``<input>.updated`` graph
+    outputs, opdef.in_place), so that the reference has every output the lowered model has."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
+    graph = copy.graph
+    taken = {name for node in all_nodes(graph) for name in (*node.input, *node.output)}
+    taken |= {v.name for v in (*graph.input, *graph.output)} | {t.name for t in graph.initializer}
+    nodes = []
+    for node in graph.node:
+        node, _, joins = in_place.expose(node, registry, graph, taken, {})
+        nodes.append(node)
+        nodes += [onnx.helper.make_node("Identity", [produced], [exposed]) for produced, exposed in joins]
+    del graph.node[:]
+    graph.node.extend(nodes)
     counter = 0
     for owner, body in ((copy, copy.graph), *((f, f) for f in copy.functions)):
         domains = set()

@@ -217,3 +217,19 @@ def test_every_artifact_lowers_to_standard_onnx(name):
         onnx.checker.check_model(model, full_check=True)
         assert {n.domain for n in model.graph.node} <= {"", "ai.onnx"}
         assert not [n.op_type for n in model.graph.node if n.op_type in ("MaxPoolGrad", "AveragePoolGrad")]
+
+
+@pytest.mark.parametrize("name", ["cnn", "mlp"])
+def test_running_statistics_are_updated_like_onnxruntime_training(name):
+    """BatchNormInternal updates its running statistics in place (they feed no node): the lowered training
+    model returns them as '<input>.updated' and the trainer carries them, equal to what onnxruntime-training
+    recorded after one step (raw_train_step1.npz's '<running input>.updated')."""
+    directory, meta, models, trainer = _trainer(name)
+    recorded = dict(np.load(directory / "raw_train_step1.npz"))
+    running = [k.removesuffix(".updated") for k in recorded if ".running_" in k and k.endswith(".updated")]
+    assert running and sorted(running) == sorted(meta["frozen_params"])
+    outputs = {o.name for o in models.training.graph.output}
+    assert all(f"{r}.updated" in outputs for r in running)
+    trainer.step({k: v[0] for k, v in _artifact_data(directory, meta, models).items()})
+    for r in running:
+        _close(trainer.frozen[r], recorded[f"{r}.updated"], 1e-5, f"{r} after one step")

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     print(file=sys.stderr)
     if args.save:
         buffer = io.BytesIO()
-        np.savez(buffer, **trainer.params)
+        np.savez(buffer, **trainer.params, **trainer.frozen)  # running statistics too: --params reads both
         write_atomic(Path(args.save), buffer.getvalue())
         print(f"wrote {args.save}")
     return 0

@@ -14,6 +14,7 @@ names. (Exposing it would change the enclosing op's signature.)
 from __future__ import annotations
 
 import onnx
+from onnx import helper
 
 from opdef.errors import LoweringError
 from opdef.registry import Registry
@@ -29,6 +30,8 @@ def expose(node: onnx.NodeProto, registry: Registry, graph: onnx.GraphProto, tak
     if entry is None or not entry.binding.in_place:
         return node, frozenset(), []
     schema, binding = entry.schema, entry.binding
+    if any(_attribute(node, schema, binding.arg(role)) == value for role, value in binding.in_place_unless):
+        return node, frozenset(), []
     outputs = list(node.output)
     exposed: list[str] = []
     produce: list[str] = []
@@ -61,6 +64,14 @@ def expose(node: onnx.NodeProto, registry: Registry, graph: onnx.GraphProto, tak
     del named.output[:]
     named.output.extend(outputs)
     return named, frozenset(produce), joins
+
+
+def _attribute(node: onnx.NodeProto, schema, name: str):
+    """The node's value of attribute ``name``, else the spec's default."""
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return schema.attribute(name).default
 
 
 def _type_of(value: str, graph: onnx.GraphProto, label: str) -> onnx.TypeProto:

@@ -103,7 +103,7 @@ def _check_training_result(result: dict, printed: str) -> None:
     assert result["artifact"] == "cnn" and result["torch"] is None and result["reps"] == 3
     assert "dW: one Conv" in result["conv_grad_formulation"]
     (row,) = result["steps"]
-    assert row["batch"] == 4 and row["input"] == [4, 3, 8, 8] and not row["redeclared"]
+    assert row["threads"] == 1 and row["batch"] == 4 and row["input"] == [4, 3, 8, 8] and not row["redeclared"]
     assert row["ms"] > 0 and row["torch_ms"] is None and row["vs_torch"] is None and row["loss_torch"] is None
     # the bench's first step is onnxruntime-training's first step
     assert abs(row["loss_ort"] - _recorded_losses()[0]) <= 1e-5 * _recorded_losses()[0]
@@ -115,7 +115,7 @@ def _check_training_result(result: dict, printed: str) -> None:
     assert {"Conv", "ConvTranspose"} <= set(conv["ops"])  # dW and dX
     assert profile["training_ms"] > 0 and profile["optimizer_ms"] > 0
     assert 0 < profile["conv_grad_share_of_step"] < conv["share"]
-    assert "| batch | input | ms | training + optimizer ms | torch ms |" in printed
+    assert "| threads | batch | input | ms | training + optimizer ms | torch ms |" in printed
     assert "| ConvGrad |" in printed and "ConvGrad formulation: dX: ConvTranspose" in printed
 
 

@@ -104,10 +104,12 @@ class OrtTrainStep:
     """One train step (training model, then optimizer model) on plain onnxruntime, state carried."""
 
     def __init__(self, models: TrainingModels, start: StartingPoint, data: dict[str, np.ndarray], lr: float,
-                 profile_prefix: str | None = None) -> None:
+                 profile_prefix: str | None = None, threads: int | None = None) -> None:
         options = ort.SessionOptions()
         options.log_severity_level = 4
         options.inter_op_num_threads = 1
+        if threads is not None:
+            options.intra_op_num_threads = threads
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         # no spinning: idle workers that spin steal the 2 cores from torch and from the other session
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -256,14 +258,14 @@ def profile_shares(path: Path, training_origins: dict[str, str], steps: int) -> 
 
 
 def profile(models: TrainingModels, start: StartingPoint, data: dict, lr: float, training_origins: dict[str, str],
-            steps: int, workdir: Path) -> dict:
+            steps: int, workdir: Path, threads: int | None = None) -> dict:
     """Kernel times by origin (profiled steps), and the two models' wall-clock times per step (unprofiled)."""
     workdir.mkdir(parents=True)
-    profiled = OrtTrainStep(models, start, data, lr, profile_prefix=str(workdir / "training"))
+    profiled = OrtTrainStep(models, start, data, lr, profile_prefix=str(workdir / "training"), threads=threads)
     for _ in range(steps):
         profiled()
     result = profile_shares(profiled.end_profiling(), training_origins, steps)
-    plain = OrtTrainStep(models, start, data, lr)
+    plain = OrtTrainStep(models, start, data, lr, threads=threads)
     parts: dict[str, list[float]] = {"training_ms": [], "optimizer_ms": []}
     for k in range(WARMUP_STEPS + steps):
         for key, part in (("training_ms", plain.train_part), ("optimizer_ms", plain.optimizer_part)):
@@ -279,7 +281,8 @@ def profile(models: TrainingModels, start: StartingPoint, data: dict, lr: float,
 
 
 def time_training(directory: Path, batch: int, reps: int, torch, workdir: Path,
-                  progress: Callable[[str], None], profile_steps: int = 20) -> dict:
+                  progress: Callable[[str], None], profile_steps: int = 20, threads: int = 1) -> dict:
+    """One row: ``threads`` intra-op threads on both sides (onnxruntime's pool, torch.set_num_threads)."""
     from lowering.bench import _interleaved, _median_ms
 
     source = artifacts_at_batch(directory, batch, workdir)
@@ -288,13 +291,15 @@ def time_training(directory: Path, batch: int, reps: int, torch, workdir: Path,
     start = initial_parameters(directory, models, initial, source=str(directory / "initial_params.npz"))
     data = batch_data(directory, batch)
     lr = learning_rate(directory)
-    ort_step = OrtTrainStep(models, start, data, lr)
+    ort_step = OrtTrainStep(models, start, data, lr, threads=threads)
     runners: dict[str, Callable[[], object]] = {"ort": ort_step}
-    row: dict = {"batch": batch, "input": list(data["input"].shape), "redeclared": source != directory,
+    row: dict = {"threads": threads, "batch": batch, "input": list(data["input"].shape),
+                 "redeclared": source != directory,
                  "lowered_nodes": len(models.training.graph.node), "ms": None, "torch_ms": None, "vs_torch": None,
                  "loss_ort": None, "loss_torch": None, "loss_rel_diff": None}
     row["loss_ort"] = ort_step()  # the first step, from the initial parameters
     if torch is not None:
+        torch.set_num_threads(threads)
         torch_step = torch_train_step(torch, initial, data, lr, adamw_hyperparameters(directory))
         row["loss_torch"] = float(torch_step())
         row["loss_rel_diff"] = abs(row["loss_ort"] - row["loss_torch"]) / abs(row["loss_torch"])
@@ -311,7 +316,8 @@ def time_training(directory: Path, batch: int, reps: int, torch, workdir: Path,
         row["torch_ms"] = _median_ms(times["torch"])
         row["vs_torch"] = row["ms"] / row["torch_ms"]
     raw = load_model(source / TRAINING_MODEL)
-    row["profile"] = profile(models, start, data, lr, origins(raw, models.training), profile_steps, workdir / "profile")
+    row["profile"] = profile(models, start, data, lr, origins(raw, models.training), profile_steps,
+                             workdir / "profile", threads)
     return row
 
 
@@ -325,27 +331,32 @@ def conv_grad_formulation() -> str:
 
 
 def run_training_bench(*, batches: tuple[int, ...] = BATCHES, reps: int = 15, use_torch: bool = True,
-                       directory: Path = CNN_ARTIFACTS, profile_steps: int = 20,
+                       threads: tuple[int, ...] | None = None, directory: Path = CNN_ARTIFACTS,
+                       profile_steps: int = 20,
                        progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
+    """Every batch at each thread count (default: 1 and every core; on a shared 2-core VM the one-thread rows
+    are the ones other processes disturb least: torch's OpenMP regions wait for their slowest thread)."""
     from lowering.bench import _torch, keep_freed_memory, machine
 
     if not (directory / TRAINING_MODEL).exists():
         raise ModelError(f"{directory}: no {TRAINING_MODEL} (the bench needs the committed CNN artifacts of "
                          "tests/fixtures/ort_training, i.e. a source checkout)")
+    cores = max(1, machine()["cores"] or 1)
+    threads = threads or tuple(sorted({1, cores}))
     torch = _torch() if use_torch else None
     if torch is not None:
         keep_freed_memory()
-        torch.set_num_threads(max(1, (machine()["cores"] or 1)))
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
-        for batch in batches:
-            progress(f"[training] cnn train step, batch {batch}")
-            sub = Path(workdir) / f"run{batch}"
-            sub.mkdir()
-            row = time_training(directory, batch, reps, torch, sub, progress, profile_steps)
-            extra = f", torch {row['torch_ms']:.2f} ms ({row['vs_torch']:.2f}x)" if row["torch_ms"] else ""
-            progress(f"    {row['ms']:.2f} ms{extra}")
-            rows.append(row)
+        for count in threads:
+            for batch in batches:
+                progress(f"[training] cnn train step, batch {batch}, {count} thread{'s' * (count > 1)}")
+                sub = Path(workdir) / f"run{count}_{batch}"
+                sub.mkdir()
+                row = time_training(directory, batch, reps, torch, sub, progress, profile_steps, count)
+                extra = f", torch {row['torch_ms']:.2f} ms ({row['vs_torch']:.2f}x)" if row["torch_ms"] else ""
+                progress(f"    {row['ms']:.2f} ms{extra}")
+                rows.append(row)
     return {"machine": machine(), "torch": getattr(torch, "__version__", None), "reps": reps,
             "artifact": directory.name, "conv_grad_formulation": conv_grad_formulation(), "steps": rows}
 
@@ -356,19 +367,21 @@ def markdown(result: dict) -> str:
              f"{result['torch'] or 'not installed'}; one train step of the committed `{result['artifact']}` "
              "artifact (training + optimizer model, lowered) against torch eager (forward, backward, AdamW step, "
              f"zero_grad); median of {result['reps']} steps, interleaved.", "",
-             "| batch | input | ms | training + optimizer ms | torch ms | × torch | first-step loss (ort / torch) "
-             "| ConvGrad share |", "|---:|---|---:|---|---:|---:|---|---:|"]
+             "| threads | batch | input | ms | training + optimizer ms | torch ms | × torch | first-step loss "
+             "(ort / torch) | ConvGrad share |", "|---:|---:|---|---:|---|---:|---:|---|---:|"]
     for r in result["steps"]:
         p = r["profile"]
         t_ms = f"{r['torch_ms']:.2f}" if r["torch_ms"] else "–"
         t_x = f"{r['vs_torch']:.2f}" if r["vs_torch"] else "–"
         torch_loss = f"{r['loss_torch']:.6f}" if r["loss_torch"] is not None else "–"
         shape = "×".join(map(str, r["input"])) + (" (re-declared)" if r["redeclared"] else "")
-        lines.append(f"| {r['batch']} | {shape} | {r['ms']:.2f} | {p['training_ms']:.2f} + {p['optimizer_ms']:.2f} | "
+        lines.append(f"| {r['threads']} | {r['batch']} | {shape} | {r['ms']:.2f} | "
+                     f"{p['training_ms']:.2f} + {p['optimizer_ms']:.2f} | "
                      f"{t_ms} | {t_x} | {r['loss_ort']:.6f} / {torch_loss} | {p['conv_grad_share_of_step']:.0%} |")
     for r in result["steps"]:
         p = r["profile"]
-        lines += ["", f"Training model, batch {r['batch']}, {r['lowered_nodes']} lowered nodes (onnxruntime's "
+        lines += ["", f"Training model, batch {r['batch']}, {r['threads']} thread(s), {r['lowered_nodes']} "
+                  "lowered nodes (onnxruntime's "
                   "profiler: kernel ms per step by the training op each lowered node came from; "
                   f"{p['kernel_ms']:.2f} ms in all):",
                   "", "| from | ms | share | top lowered ops (ms) |", "|---|---:|---:|---|"]

@@ -58,7 +58,7 @@ def _run_training(args: argparse.Namespace) -> int:
 
     kwargs = {}
     if args.shapes == "tiny":
-        kwargs = {"batches": (4,), "reps": 3, "profile_steps": 2}
+        kwargs = {"batches": (4,), "reps": 3, "profile_steps": 2, "threads": (1,)}
     elif args.quick:
         kwargs = {"batches": (4, 64), "reps": 7}
     result = training.run_training_bench(use_torch=not args.no_torch, **kwargs)

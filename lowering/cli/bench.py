@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also time the 64x56x56 layer (f32) in OpenVINO, tract and onnx.reference where installed")
     p.add_argument("--training", action="store_true",
                    help="instead: time a train step of the committed CNN artifact (lowered, plain onnxruntime) "
-                        "against torch's eager step, with ConvGrad's share from onnxruntime's profiler")
+                        "against torch's eager step, with ConvGrad's share from onnxruntime's profiler "
+                        "(--target and --runtimes do not apply)")
     # test-only: a tiny workload that exercises the machinery in seconds
     p.add_argument("--shapes", choices=("resnet50", "quick", "tiny"), help=argparse.SUPPRESS)
 

@@ -172,3 +172,20 @@ def test_torch_train_step_matches_the_recorded_first_loss():
 def test_bench_training_needs_the_artifacts(tmp_path):
     with pytest.raises(ModelError, match="no training_model.onnx"):
         bench_training.run_training_bench(directory=tmp_path, use_torch=False)
+
+
+def test_adamw_hyperparameters_fill_omitted_attributes_from_the_spec(tmp_path):
+    """The committed optimizer model's own values; a node without attributes gets AdamWOptimizer.rst's
+    defaults (weight_decay 0.01, epsilon 1e-8, alpha 0.9, beta 0.999, adam_mode 0)."""
+    import onnx
+
+    own = bench_training.adamw_hyperparameters(CNN)
+    assert own["adam_mode"] == 1 and own["weight_decay"] == 0.0 and own["eps"] == pytest.approx(1e-6)
+    model = onnx.load(CNN / "optimizer_model.onnx")
+    for node in model.graph.node:
+        if node.op_type == "AdamWOptimizer":
+            del node.attribute[:]
+    onnx.save(model, tmp_path / "optimizer_model.onnx")
+    bare = bench_training.adamw_hyperparameters(tmp_path)
+    assert bare == {"betas": (pytest.approx(0.9), pytest.approx(0.999)), "eps": pytest.approx(1e-8),
+                    "weight_decay": pytest.approx(0.01), "adam_mode": 0}

@@ -89,10 +89,13 @@ def adamw_hyperparameters(directory: Path) -> dict:
     node = next((n for n in model.graph.node if n.op_type == "AdamWOptimizer"), None)
     if node is None:
         raise ModelError(f"{directory / OPTIMIZER_MODEL}: no AdamWOptimizer node (the bench times AdamW)")
-    a = {attr.name: onnx.helper.get_attribute_value(attr) for attr in node.attribute}
-    # onnxruntime's defaults (specs/com.microsoft/AdamWOptimizer.rst) for attributes the node omits
-    return {"betas": (float(a.get("alpha", 0.9)), float(a.get("beta", 0.999))), "eps": float(a.get("epsilon", 1e-8)),
-            "weight_decay": float(a.get("weight_decay", 0.01)), "adam_mode": int(a.get("adam_mode", 0))}
+    from opdef.registry import load_schemas
+
+    # attributes the node omits take the spec's defaults (specs/com.microsoft/AdamWOptimizer.rst)
+    a = {attr.name: attr.default for attr in load_schemas().schema(node.domain, node.op_type).attributes}
+    a.update({attr.name: onnx.helper.get_attribute_value(attr) for attr in node.attribute})
+    return {"betas": (float(a["alpha"]), float(a["beta"])), "eps": float(a["epsilon"]),
+            "weight_decay": float(a["weight_decay"]), "adam_mode": int(a["adam_mode"])}
 
 
 def learning_rate(directory: Path) -> float:
@@ -193,7 +196,8 @@ def torch_cnn(torch):
 
 
 def torch_train_step(torch, initial: dict[str, np.ndarray], data: dict[str, np.ndarray], lr: float,
-                     hyper: dict) -> Callable[[], float]:
+                     hyper: dict) -> Callable[[], object]:
+    """torch's eager train step of :func:`torch_cnn` from ``initial``; each call returns its loss (a tensor)."""
     model = torch_cnn(torch)
     state = model.state_dict()
     # every parameter and running statistic of the artifact, and nothing else (num_batches_tracked stays)
@@ -202,14 +206,14 @@ def torch_train_step(torch, initial: dict[str, np.ndarray], data: dict[str, np.n
         raise ModelError(f"torch's cnn does not match initial_params.npz: {sorted(expected ^ set(initial))[:3]}")
     model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in initial.items()}, strict=False)
     model.train()
-    # adam_mode 1 (HuggingFace's AdamW) puts epsilon after the bias correction, torch before: the step
-    # differs by that epsilon's placement only, which does not change the work timed
+    # adam_mode 1 (Hugging Face's AdamW) adds epsilon to the uncorrected root of the second moment, torch to
+    # the corrected one: the updates differ by epsilon's scale only, the work timed is the same
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=hyper["betas"], eps=hyper["eps"],
                                   weight_decay=hyper["weight_decay"])
     loss_fn = torch.nn.CrossEntropyLoss()
     x, labels = torch.from_numpy(data["input"]), torch.from_numpy(data["labels"].astype(np.int64))
 
-    def step() -> float:
+    def step():
         loss = loss_fn(model(x), labels)
         loss.backward()
         optimizer.step()

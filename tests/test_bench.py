@@ -105,6 +105,7 @@ def _check_training_result(result: dict, printed: str) -> None:
     (row,) = result["steps"]
     assert row["threads"] == 1 and row["batch"] == 4 and row["input"] == [4, 3, 8, 8] and not row["redeclared"]
     assert row["ms"] > 0 and row["torch_ms"] is None and row["vs_torch"] is None and row["loss_torch"] is None
+    assert row["losses_agree"] is None
     # the bench's first step is onnxruntime-training's first step
     assert abs(row["loss_ort"] - _recorded_losses()[0]) <= 1e-5 * _recorded_losses()[0]
     profile = row["profile"]

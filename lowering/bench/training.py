@@ -300,7 +300,7 @@ def time_training(directory: Path, batch: int, reps: int, torch, workdir: Path,
     row: dict = {"threads": threads, "batch": batch, "input": list(data["input"].shape),
                  "redeclared": source != directory,
                  "lowered_nodes": len(models.training.graph.node), "ms": None, "torch_ms": None, "vs_torch": None,
-                 "loss_ort": None, "loss_torch": None, "loss_rel_diff": None}
+                 "loss_ort": None, "loss_torch": None, "loss_rel_diff": None, "losses_agree": None}
     row["loss_ort"] = ort_step()  # the first step, from the initial parameters
     if torch is not None:
         torch.set_num_threads(threads)
@@ -308,7 +308,8 @@ def time_training(directory: Path, batch: int, reps: int, torch, workdir: Path,
         row["loss_torch"] = float(torch_step())
         row["loss_rel_diff"] = abs(row["loss_ort"] - row["loss_torch"]) / abs(row["loss_torch"])
         runners["torch"] = torch_step
-        verdict = "agree" if row["loss_rel_diff"] <= LOSS_RTOL else "DISAGREE"
+        row["losses_agree"] = row["loss_rel_diff"] <= LOSS_RTOL
+        verdict = "agree" if row["losses_agree"] else f"DISAGREE (beyond {LOSS_RTOL:g})"
         progress(f"    first-step loss: onnxruntime {row['loss_ort']:.7f}, torch {row['loss_torch']:.7f} "
                  f"(relative difference {row['loss_rel_diff']:.1e}: {verdict})")
     for _ in range(WARMUP_STEPS):

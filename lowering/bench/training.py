@@ -131,7 +131,8 @@ class OrtTrainStep:
         self._grads = [np.zeros_like(p) for p in self.params]  # the accumulators' new buffers
         self._keep = []  # arrays and OrtValues the binding points into
         binding = self.training.io_binding()
-        feeds = {**data, **start.frozen, LAZY_RESET: np.array([True])}
+        self._frozen = {name: np.array(value) for name, value in start.frozen.items()}  # bound below
+        feeds = {**data, **self._frozen, LAZY_RESET: np.array([True])}
         feeds.update(zip(models.params, self.params, strict=True))
         feeds.update({p + BUFFER_SUFFIX: b for p, b in zip(models.params, self._buffers, strict=True)})
         for name, array in feeds.items():
@@ -141,6 +142,11 @@ class OrtTrainStep:
         self.loss = np.zeros((), np.float32)
         bound = {models.loss: self.loss}
         bound.update({f"{p}{BUFFER_SUFFIX}.updated": g for p, g in zip(models.params, self._grads, strict=True)})
+        # batch norm's running statistics, updated in place (their '<input>.updated' outputs): carried into the
+        # bound frozen inputs after each step, as onnxruntime-training's API (and torch) update them
+        self._running = {f"{name}.updated": np.zeros_like(value) for name, value in self._frozen.items()
+                         if f"{name}.updated" in outputs}
+        bound.update(self._running)
         for name in outputs:
             if name not in bound:  # the accumulators' update flags
                 bound[name] = np.zeros([d if isinstance(d, int) else 1 for d in outputs[name].shape], np.bool_)
@@ -160,6 +166,8 @@ class OrtTrainStep:
 
     def train_part(self) -> None:
         self.training.run_with_iobinding(self._binding)
+        for name, value in self._running.items():
+            np.copyto(self._frozen[name.removesuffix(".updated")], value)
 
     def optimizer_part(self) -> None:
         self.step_count += 1

@@ -2,10 +2,9 @@
 
 ``im2col`` reads, for every kernel offset, the strided view of the (padded) input that offset sees: one Pad with
 constant pads and one strided Slice per offset. ``col2im`` is its adjoint: every offset's [.., O...] piece is
-spread back to the positions it was read from (zeros interleaved by a Pad on a unit axis and a Reshape, then
-a Pad that places it) and the pieces are added; the forward pads are cropped off at the end. Exact (no
-interpolation, no data-dependent weights), so every conforming runtime runs it with runtime tensors; the
-price is one input-sized tensor per kernel offset.
+put back where it was read from and the pieces are added (see :func:`col2im`); the forward pads are cropped
+off at the end. Exact (no interpolation, no data-dependent weights), so every conforming runtime runs it with
+runtime tensors; the price is one output-sized Pad and Add per kernel offset.
 
 Spatial axes are the trailing ones and must be static; leading axes (batch, channel, offset) may be dynamic.
 """
@@ -78,12 +77,16 @@ def unsqueeze(e: Emitter, name: str, axis: int) -> str:
     return e.b.op1("Unsqueeze", [name, e.ints([axis], "axes")])
 
 
-def _pad(e: Emitter, name: str, rank: int, begins: dict[int, int], ends: dict[int, int]) -> str:
-    """Zero padding of the given axes (constant pads: a static input of Pad, which every runtime takes)."""
-    if not any(begins.values()) and not any(ends.values()):
+def _pad(e: Emitter, name: str, rank: int, begins: dict[int, int], ends: dict[int, int],
+         output: str | None = None) -> str:
+    """Zero padding of the given axes (constant pads: a static input of Pad, which every runtime takes); no
+    op when there is nothing to pad and no ``output`` name to write."""
+    if not any(begins.values()) and not any(ends.values()) and (output is None or name == output):
         return name
+    if not any(begins.values()) and not any(ends.values()):
+        return e.b.op1("Identity", [name], output)
     pads = [begins.get(a, 0) for a in range(rank)] + [ends.get(a, 0) for a in range(rank)]
-    return e.b.op1("Pad", [name, e.ints(pads, "pads")])
+    return e.b.op1("Pad", [name, e.ints(pads, "pads")], output)
 
 
 def _slice(e: Emitter, name: str, starts: list[int], ends: list[int], axes: list[int],
@@ -117,43 +120,92 @@ def col2im(e: Emitter, cols: str, rank: int, w: Windows, *, per_offset: bool, ou
     offset read them, cropped to the input.
 
     ``cols`` is [lead..., K, O...] (``rank`` axes) when ``per_offset``, else [lead..., O...]: the same values
-    for every offset (AveragePoolGrad). The result is [lead..., D...],
-    written to ``output`` when given."""
+    for every offset (AveragePoolGrad). The result is [lead..., D...], written to ``output`` when given.
+
+    Output position o of an offset that starts at padded position ``f = q*s + r`` (stride s) lands at
+    ``(o + q)*s + r``: the offsets with the same residues r are added on the output grid, each shifted by q
+    (Pads of output-grid size, not input size), then the s residue classes of an axis are interleaved (stacked
+    on a unit axis after it and merged by a Reshape) into padded coordinates.
+    """
     lead = rank - w.rank
-    # interleave stride-1 zeros after every position: [.., O, ..] -> [.., O, 1, ..] -> [.., O, s, ..] -> [.., O*s, ..]
-    spread = cols
-    dims = list(w.outputs)
-    for a in range(w.rank):
-        s = w.strides[a]
-        if s == 1 or w.outputs[a] == 1:
-            continue
-        axis = lead + a
-        spread = _pad(e, unsqueeze(e, spread, axis + 1), rank + 1, {}, {axis + 1: s - 1})
-        dims[a] = w.outputs[a] * s
-        spread = e.b.op1("Reshape", [spread, e.ints([0] * lead + dims, "spread_shape")])
-    # the trailing zeros of the last position may reach past the padded extent: cut them where they do
-    cut = {a: w.span(a) for a in range(w.rank) if dims[a] > w.span(a)}
-    if cut:
-        spread = _slice(e, spread, [0] * len(cut), list(cut.values()), [lead + a for a in cut])
-        for a, length in cut.items():
-            dims[a] = length
     out_lead = lead - 1 if per_offset else lead  # the offset axis goes
-    crop = [a for a in range(w.rank) if w.pads[a] or w.extent(a) != w.sizes[a]]
+    k = w.rank
     offsets = w.offsets()
-    total = None
+    steps = [max(w.first(offset, a) // w.strides[a] for offset in offsets) for a in range(k)]
+    grid = [w.outputs[a] + steps[a] for a in range(k)]  # per residue class, in strides
+    sizes = [grid[a] * w.strides[a] for a in range(k)]  # padded coordinates covered after the interleave
+    keep = [(min(w.pads[a], sizes[a]), min(w.pads[a] + w.sizes[a], sizes[a])) for a in range(k)]
+    tails = [w.sizes[a] - (keep[a][1] - keep[a][0]) for a in range(k)]  # input no window reaches: zeros
+    crop = [a for a in range(k) if keep[a] != (0, sizes[a])]
+    interleaved = any(s > 1 for s in w.strides)
+    finished = not crop and not any(tails)  # the interleave or the last sum writes ``output``
+
+    classes: dict[tuple[int, ...], list[int]] = {}
     for i, offset in enumerate(offsets):
-        piece = spread
-        if per_offset:
-            piece = e.b.op1("Gather", [spread, e.ints(i, "offset")], axis=out_lead)
-        begins = {out_lead + a: w.first(offset, a) for a in range(w.rank)}
-        ends = {out_lead + a: w.extent(a) - w.first(offset, a) - dims[a] for a in range(w.rank)}
-        placed = _pad(e, piece, out_lead + w.rank, begins, ends)
-        last = i == len(offsets) - 1 and not crop
-        if total is None:
-            total = placed if not last or output is None else e.b.op1("Identity", [placed], output)
-        else:
-            total = e.b.op1("Add", [total, placed], output if last else None)
-    if not crop:
+        classes.setdefault(tuple(w.first(offset, a) % w.strides[a] for a in range(k)), []).append(i)
+    sums: dict[tuple[int, ...], str] = {}
+    for residue, members in classes.items():
+        total = None
+        for n, i in enumerate(members):
+            last = finished and not interleaved and n == len(members) - 1
+            piece = cols
+            if per_offset:
+                piece = e.b.op1("Gather", [cols, e.ints(i, "offset")], axis=out_lead,
+                                output=output if last and len(members) == 1 and
+                                _no_shift(w, offsets[i], steps) else None)
+            shift = [w.first(offsets[i], a) // w.strides[a] for a in range(k)]
+            placed = _pad(e, piece, out_lead + k, {out_lead + a: shift[a] for a in range(k)},
+                          {out_lead + a: steps[a] - shift[a] for a in range(k)}, output if last and n == 0 else None)
+            if total is None:
+                total = placed
+            else:
+                total = e.b.op1("Add", [total, placed], output if last else None)
+        sums[residue] = total
+    if finished and not interleaved and output is not None and total != output:
+        total = e.b.op1("Identity", [total], output)  # one offset, in place already: only a name to give
+
+    if interleaved:
+        zeros = None
+        current = sums
+        dims = list(grid)
+        for a in reversed(range(k)):  # the last axis first: its residue is the last in every key
+            s = w.strides[a]
+            merged: dict[tuple[int, ...], str] = {}
+            for prefix in itertools.product(*(range(w.strides[b]) for b in range(a))):
+                parts = []
+                for r in range(s):
+                    part = current.get(prefix + (r,))
+                    if part is None:  # no offset starts at this residue: zeros of a class's shape
+                        if zeros is None:
+                            some = next(iter(sums.values()))
+                            zeros = e.b.op1("Expand", [e.scalar(0.0, "zero"), e.b.op1("Shape", [some])])
+                        part = zeros if a == k - 1 else _zeros_like(e, next(iter(current.values())))
+                    parts.append(part)
+                if s == 1:
+                    merged[prefix] = parts[0]
+                    continue
+                axis = out_lead + a + 1
+                stacked = e.b.op1("Concat", [unsqueeze(e, p, axis) for p in parts], axis=axis)
+                dims[a] = grid[a] * s
+                last = finished and a == min(b for b in range(k) if w.strides[b] > 1)
+                merged[prefix] = e.b.op1("Reshape", [stacked, e.ints([0] * out_lead + dims, "interleaved")],
+                                         output if last else None)
+            current = merged
+        total = current[()]
+    if finished:
         return total
-    return _slice(e, total, [w.pads[a] for a in crop], [w.pads[a] + w.sizes[a] for a in crop],
-                  [out_lead + a for a in crop], output=output)
+    if crop:
+        total = _slice(e, total, [keep[a][0] for a in crop], [keep[a][1] for a in crop], [out_lead + a for a in crop],
+                       output=None if any(tails) else output)
+    if any(tails):
+        total = _pad(e, total, out_lead + k, {}, {out_lead + a: tails[a] for a in range(k)}, output)
+    return total
+
+
+def _no_shift(w: Windows, offset: tuple[int, ...], steps: list[int]) -> bool:
+    """Whether the offset's piece needs no Pad to sit on its residue class's grid."""
+    return all(w.first(offset, a) // w.strides[a] == 0 and steps[a] == 0 for a in range(w.rank))
+
+
+def _zeros_like(e: Emitter, name: str) -> str:
+    return e.b.op1("Expand", [e.scalar(0.0, "zero"), e.b.op1("Shape", [name])])

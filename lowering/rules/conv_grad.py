@@ -161,6 +161,9 @@ def _portable_gradients(e: Emitter, request: LoweringRequest, params: ConvParame
     windows = Windows(sizes, kernel, tuple(params.strides), tuple(params.dilations), tuple(params.pads), outputs)
     group, per_group, m = params.group, w_shape[1], w_shape[0]
     channels, k, p = group * per_group, math.prod(kernel), math.prod(outputs)
+    if per_group == 1 and m == group:
+        _portable_depthwise(e, request, windows, dy, w_shape, dx_out, dw_out, io)
+        return
     dy_groups = b.op1("Reshape", [dy, e.ints([-1, group, m // group, p], "dy_groups")])  # [N, g, M/g, P]
     if dw_out is not None:
         cols = im2col(e, e.up(request.input("X"), io), rank, windows)  # [N, C, K, O...]
@@ -176,4 +179,24 @@ def _portable_gradients(e: Emitter, request: LoweringRequest, params: ConvParame
         w_t = b.op1("Transpose", [w], perm=[0, 2, 1])  # [g, C/g*K, M/g]
         dcols = b.op1("MatMul", [w_t, dy_groups])  # [N, g, C/g*K, P]
         dcols = b.op1("Reshape", [dcols, e.ints([-1, channels, k, *outputs], "dcols")])
+        _final(e, dx_out, io, lambda target: col2im(e, dcols, rank + 1, windows, per_offset=True, output=target))
+
+
+def _portable_depthwise(e: Emitter, request: LoweringRequest, windows: Windows, dy: str, w_shape,
+                        dx_out: str | None, dw_out: str | None, io: int) -> None:
+    """Depthwise (one input and one output channel per group): the per-group products are 1-wide, so Mul and
+    ReduceSum replace the batched MatMuls (which would run C products of width 1)."""
+    b = e.b
+    rank = windows.rank + 2
+    channels, k, p = w_shape[0], math.prod(windows.kernel), math.prod(windows.outputs)
+    dy_planes = b.op1("Reshape", [dy, e.ints([-1, channels, 1, p], "dy_planes")])  # [N, C, 1, P]
+    if dw_out is not None:
+        cols = im2col(e, e.up(request.input("X"), io), rank, windows)  # [N, C, K, O...]
+        cols = b.op1("Reshape", [cols, e.ints([-1, channels, k, p], "cols")])
+        product = e.reduce("ReduceSum", b.op1("Mul", [cols, dy_planes]), (0, 3), keepdims=0)  # [C, K]
+        _final(e, dw_out, io, lambda target: b.op1("Reshape", [product, e.ints(list(w_shape), "w_shape")], target))
+    if dx_out is not None:
+        w = b.op1("Reshape", [e.up(request.input("W"), io), e.ints([1, channels, k, 1], "w_columns")])
+        dcols = b.op1("Reshape", [b.op1("Mul", [w, dy_planes]), e.ints([-1, channels, k, *windows.outputs],
+                                                                        "dcols")])
         _final(e, dx_out, io, lambda target: col2im(e, dcols, rank + 1, windows, per_offset=True, output=target))

@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from test_ort_training_artifacts import ARTIFACTS, _gradients_exposed
 from test_ort_training_artifacts import NAMES as ARTIFACT_NAMES
@@ -361,3 +363,56 @@ def test_training_step_portable(name):
         want = recorded[buffer]
         err = float(np.max(np.abs(got[gradient] - want))) / max(float(np.max(np.abs(want))), floor)
         assert err <= 1e-4, f"{gradient}: {err:.3g} of the largest entry"
+
+
+# -- any geometry (onnxruntime) -------------------------------------------------------------------------------
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_portable_conv_grad_over_random_geometry(data):
+    """1-3 spatial axes, groups (incl. depthwise), strides, dilations and asymmetric pads: im2col/col2im's
+    residue classes, shifts, crops and tails."""
+    spatial = data.draw(st.integers(1, 3), "spatial axes")
+    group = data.draw(st.sampled_from([1, 2, 3]), "group")
+    per_group_in, per_group_out = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))
+    kernel = [data.draw(st.integers(1, 3)) for _ in range(spatial)]
+    dilations = [data.draw(st.integers(1, 2)) for _ in range(spatial)]
+    strides = [data.draw(st.integers(1, 3)) for _ in range(spatial)]
+    pads = [data.draw(st.integers(0, 2)) for _ in range(2 * spatial)]
+    sizes = []
+    for a in range(spatial):  # big enough for one window
+        span = dilations[a] * (kernel[a] - 1) + 1
+        sizes.append(data.draw(st.integers(max(1, span - pads[a] - pads[a + spatial]), span + 4)))
+    attrs = {"group": group, "strides": strides, "dilations": dilations, "pads": pads}
+    model, feeds, expected, _ = _conv((2, group * per_group_in, *sizes), (group * per_group_out, per_group_in,
+                                                                          *kernel), attrs)
+    lowered = lower_model(model, target="portable")
+    assert {n.op_type for n in lowered.graph.node} <= PORTABLE_OPS
+    got = run_model(lowered, feeds)
+    # f32 sums that cancel: bound the error by the sum of the terms' magnitudes, not by the result
+    geometry = {k: attrs[k] for k in ("strides", "dilations", "pads")}
+    magnitudes = ref.conv_grad(np.abs(feeds["dy"]), np.abs(feeds["x"]), np.abs(feeds["w"]), group=group, **geometry)
+    for (name, want), size in zip(expected.items(), magnitudes, strict=True):
+        assert np.all(np.abs(got[name] - want) <= 1e-6 * size + 1e-30), name
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_portable_pool_grads_over_random_geometry(data):
+    spatial = data.draw(st.integers(1, 3), "spatial axes")
+    kernel = [data.draw(st.integers(1, 3)) for _ in range(spatial)]
+    strides = [data.draw(st.integers(1, 3)) for _ in range(spatial)]
+    pads = [data.draw(st.integers(0, kernel[a % spatial] - 1)) for a in range(2 * spatial)]
+    sizes = [data.draw(st.integers(max(1, kernel[a] - pads[a] - pads[a + spatial]), kernel[a] + 5))
+             for a in range(spatial)]
+    ceil_mode = data.draw(st.integers(0, 1), "ceil_mode")
+    x_shape = (2, 2, *sizes)
+    _, outputs, _ = _pool_case(x_shape, kernel, strides, pads, ceil_mode)
+    # ceil_mode's last window must start inside the input or its begin padding (else the forward drops it)
+    assume(all((outputs[a] - 1) * strides[a] < sizes[a] + pads[a] for a in range(spatial)))
+    for model, feeds, expected, _ in (_max_pool(x_shape, kernel, strides, pads, ceil_mode),
+                                      _average_pool(x_shape, kernel, strides, pads, ceil_mode,
+                                                    data.draw(st.integers(0, 1), "count_include_pad"))):
+        lowered = lower_model(model, target="portable")
+        assert {n.op_type for n in lowered.graph.node} <= PORTABLE_OPS
+        _close("dx", run_model(lowered, feeds)["dx"], expected["dx"], F32)

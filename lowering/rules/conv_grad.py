@@ -175,11 +175,18 @@ def _portable_gradients(e: Emitter, request: LoweringRequest, params: ConvParame
         product = b.op1("MatMul", [dy_rows, cols])  # [g, M/g, C/g*K]: summed over N and the positions
         _final(e, dw_out, io, lambda target: b.op1("Reshape", [product, e.ints(list(w_shape), "w_shape")], target))
     if dx_out is not None:
-        w = b.op1("Reshape", [e.up(request.input("W"), io), e.ints([group, m // group, per_group * k], "w_groups")])
-        w_t = b.op1("Transpose", [w], perm=[0, 2, 1])  # [g, C/g*K, M/g]
-        dcols = b.op1("MatMul", [w_t, dy_groups])  # [N, g, C/g*K, P]
-        dcols = b.op1("Reshape", [dcols, e.ints([-1, channels, k, *outputs], "dcols")])
-        _final(e, dx_out, io, lambda target: col2im(e, dcols, rank + 1, windows, per_offset=True, output=target))
+        # offsets first, so each offset's piece is one contiguous Gather: W as [K, 1, g, C/g, M/g] times dY's
+        # [N, g, M/g, P] (MatMul broadcasts the batch axes) is [K, N, g, C/g, P]
+        w = b.op1("Reshape", [e.up(request.input("W"), io), e.ints([group, m // group, per_group, k], "w_groups")])
+        w_t = b.op1("Reshape", [b.op1("Transpose", [w], perm=[3, 0, 2, 1]),
+                                e.ints([k, 1, group, per_group, m // group], "w_offsets")])
+        dcols = b.op1("Reshape", [b.op1("MatMul", [w_t, dy_groups]), e.ints([k, -1, channels, *outputs], "dcols")])
+        _final(e, dx_out, io, lambda target: col2im(e, _offset_of(e, dcols), rank, windows, output=target))
+
+
+def _offset_of(e: Emitter, dcols: str):
+    """The pieces of col2im: offset i's [N, C, O...] of the [K, N, C, O...] columns."""
+    return lambda i: e.b.op1("Gather", [dcols, e.ints(i, "offset")], axis=0)
 
 
 def _portable_depthwise(e: Emitter, request: LoweringRequest, windows: Windows, dy: str, w_shape,
@@ -190,13 +197,15 @@ def _portable_depthwise(e: Emitter, request: LoweringRequest, windows: Windows, 
     rank = windows.rank + 2
     channels, k, p = w_shape[0], math.prod(windows.kernel), math.prod(windows.outputs)
     dy_planes = b.op1("Reshape", [dy, e.ints([-1, channels, 1, p], "dy_planes")])  # [N, C, 1, P]
+    dy_flat = b.op1("Reshape", [dy, e.ints([-1, channels, p], "dy_flat")])  # [N, C, P]
     if dw_out is not None:
         cols = im2col(e, e.up(request.input("X"), io), rank, windows)  # [N, C, K, O...]
         cols = b.op1("Reshape", [cols, e.ints([-1, channels, k, p], "cols")])
         product = e.reduce("ReduceSum", b.op1("Mul", [cols, dy_planes]), (0, 3), keepdims=0)  # [C, K]
         _final(e, dw_out, io, lambda target: b.op1("Reshape", [product, e.ints(list(w_shape), "w_shape")], target))
     if dx_out is not None:
-        w = b.op1("Reshape", [e.up(request.input("W"), io), e.ints([1, channels, k, 1], "w_columns")])
-        dcols = b.op1("Reshape", [b.op1("Mul", [w, dy_planes]), e.ints([-1, channels, k, *windows.outputs],
-                                                                        "dcols")])
-        _final(e, dx_out, io, lambda target: col2im(e, dcols, rank + 1, windows, per_offset=True, output=target))
+        w = b.op1("Reshape", [e.up(request.input("W"), io), e.ints([channels, k], "w_columns")])
+        w = b.op1("Reshape", [b.op1("Transpose", [w], perm=[1, 0]), e.ints([k, 1, channels, 1], "w_offsets")])
+        dcols = b.op1("Reshape", [b.op1("Mul", [w, dy_flat]), e.ints([k, -1, channels, *windows.outputs],
+                                                                      "dcols")])  # [K, N, C, O...]
+        _final(e, dx_out, io, lambda target: col2im(e, _offset_of(e, dcols), rank, windows, output=target))

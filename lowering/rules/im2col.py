@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,20 +116,19 @@ def im2col(e: Emitter, x: str, rank: int, w: Windows) -> str:
     return pieces[0] if len(pieces) == 1 else e.b.op1("Concat", pieces, axis=lead)
 
 
-def col2im(e: Emitter, cols: str, rank: int, w: Windows, *, per_offset: bool, output: str | None = None) -> str:
+def col2im(e: Emitter, piece: Callable[[int], str], rank: int, w: Windows, output: str | None = None) -> str:
     """The adjoint of :func:`im2col`: the sum, over kernel offsets, of each offset's values put back where that
     offset read them, cropped to the input.
 
-    ``cols`` is [lead..., K, O...] (``rank`` axes) when ``per_offset``, else [lead..., O...]: the same values
-    for every offset (AveragePoolGrad). The result is [lead..., D...], written to ``output`` when given.
+    ``piece(i)`` emits the values of the i-th offset of :meth:`Windows.offsets`, [lead..., O...] (``rank``
+    axes). The result is [lead..., D...], written to ``output`` when given.
 
     Output position o of an offset that starts at padded position ``f = q*s + r`` (stride s) lands at
     ``(o + q)*s + r``: the offsets with the same residues r are added on the output grid, each shifted by q
     (Pads of output-grid size, not input size), then the s residue classes of an axis are interleaved (stacked
     on a unit axis after it and merged by a Reshape) into padded coordinates.
     """
-    lead = rank - w.rank
-    out_lead = lead - 1 if per_offset else lead  # the offset axis goes
+    out_lead = rank - w.rank
     k = w.rank
     offsets = w.offsets()
     steps = [max(w.first(offset, a) // w.strides[a] for offset in offsets) for a in range(k)]
@@ -148,13 +148,8 @@ def col2im(e: Emitter, cols: str, rank: int, w: Windows, *, per_offset: bool, ou
         total = None
         for n, i in enumerate(members):
             last = finished and not interleaved and n == len(members) - 1
-            piece = cols
-            if per_offset:
-                piece = e.b.op1("Gather", [cols, e.ints(i, "offset")], axis=out_lead,
-                                output=output if last and len(members) == 1 and
-                                _no_shift(w, offsets[i], steps) else None)
             shift = [w.first(offsets[i], a) // w.strides[a] for a in range(k)]
-            placed = _pad(e, piece, out_lead + k, {out_lead + a: shift[a] for a in range(k)},
+            placed = _pad(e, piece(i), out_lead + k, {out_lead + a: shift[a] for a in range(k)},
                           {out_lead + a: steps[a] - shift[a] for a in range(k)}, output if last and n == 0 else None)
             if total is None:
                 total = placed
@@ -200,11 +195,6 @@ def col2im(e: Emitter, cols: str, rank: int, w: Windows, *, per_offset: bool, ou
     if any(tails):
         total = _pad(e, total, out_lead + k, {}, {out_lead + a: tails[a] for a in range(k)}, output)
     return total
-
-
-def _no_shift(w: Windows, offset: tuple[int, ...], steps: list[int]) -> bool:
-    """Whether the offset's piece needs no Pad to sit on its residue class's grid."""
-    return all(w.first(offset, a) // w.strides[a] == 0 and steps[a] == 0 for a in range(w.rank))
 
 
 def _zeros_like(e: Emitter, name: str) -> str:

@@ -35,7 +35,7 @@ from lowering.builder import NodeBuilder
 from lowering.emit_common import Emitter, compute_type
 from lowering.rules import TARGETS, LoweringRequest, register_rule
 from lowering.rules.elementwise_grad import input_elem
-from lowering.rules.im2col import Windows, col2im, unsqueeze
+from lowering.rules.im2col import Windows, col2im
 from opdef.errors import LoweringError
 from opdef.rules.pool_grad import PoolParameters, pool_parameters
 
@@ -86,10 +86,13 @@ def lower_max_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         windows = _windows(request, spatial, dy_shape, params)
         plane = e.ints(math.prod(spatial), "plane")
         within = b.op1("Sub", [indices, b.op1("Mul", [b.op1("Div", [indices, plane]), plane])])
-        rank = len(spatial) + 2
-        onehot = b.op1("Equal", [unsqueeze(e, within, 2), b.const(windows.input_positions(), hint="positions")])
-        pieces = b.op1("Where", [onehot, unsqueeze(e, dy, 2), e.scalar(0.0, "zero")])  # [N, C, K, O...]
-        _spread(e, pieces, rank + 1, windows, True, out, io)
+        positions = windows.input_positions()  # [K, O...]
+
+        def piece(i: int) -> str:  # dY where offset i holds the window's maximum, else 0
+            onehot = b.op1("Equal", [within, b.const(positions[i], hint="positions")])
+            return b.op1("Where", [onehot, dy, e.scalar(0.0, "zero")])
+
+        _spread(e, piece, len(spatial) + 2, windows, out, io)
         return
     shape = _full_shape(e, dy, spatial)
     flat = e.ints([-1], "flat")
@@ -162,7 +165,7 @@ def lower_average_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     scaled = b.op1("Mul", [dy, b.const(weights.reshape((1, 1, *outputs)).astype(e.np_ct), hint="inv_count")])
     if portable:
         windows = Windows(tuple(spatial), tuple(kernel), tuple(strides), (1,) * k, tuple(pads), tuple(outputs))
-        _spread(e, scaled, k + 2, windows, False, out, io)
+        _spread(e, lambda i: scaled, k + 2, windows, out, io)
         return
     view = b.op1("Reshape", [scaled, e.ints([-1, 1, *outputs], "plane_view")])
     ends, output_padding = [], []
@@ -204,9 +207,9 @@ def _windows(request: LoweringRequest, spatial: list[int], dy_shape, params: Poo
                    tuple(params.pads), tuple(outputs))
 
 
-def _spread(e: Emitter, values: str, rank: int, windows: Windows, per_offset: bool, out: str, io: int) -> None:
+def _spread(e: Emitter, piece, rank: int, windows: Windows, out: str, io: int) -> None:
     """col2im into ``out``: written by its last op, or through one Cast to the output type."""
     if io == e.ct:
-        col2im(e, values, rank, windows, per_offset=per_offset, output=out)
+        col2im(e, piece, rank, windows, output=out)
     else:
-        e.b.op1("Cast", [col2im(e, values, rank, windows, per_offset=per_offset)], out, to=io)
+        e.b.op1("Cast", [col2im(e, piece, rank, windows)], out, to=io)

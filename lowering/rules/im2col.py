@@ -156,8 +156,6 @@ def col2im(e: Emitter, piece: Callable[[int], str], rank: int, w: Windows, outpu
             else:
                 total = e.b.op1("Add", [total, placed], output if last else None)
         sums[residue] = total
-    if finished and not interleaved and output is not None and total != output:
-        total = e.b.op1("Identity", [total], output)  # one offset, in place already: only a name to give
 
     if interleaved:
         zeros = None
@@ -170,11 +168,10 @@ def col2im(e: Emitter, piece: Callable[[int], str], rank: int, w: Windows, outpu
                 parts = []
                 for r in range(s):
                     part = current.get(prefix + (r,))
-                    if part is None:  # no offset starts at this residue: zeros of a class's shape
-                        if zeros is None:
-                            some = next(iter(sums.values()))
-                            zeros = e.b.op1("Expand", [e.scalar(0.0, "zero"), e.b.op1("Shape", [some])])
-                        part = zeros if a == k - 1 else _zeros_like(e, next(iter(current.values())))
+                    if part is None:  # no offset starts at this residue: zeros shaped like the others
+                        if a != k - 1 or zeros is None:
+                            zeros = _zeros_like(e, next(iter(current.values())))
+                        part = zeros
                     parts.append(part)
                 if s == 1:
                     merged[prefix] = parts[0]

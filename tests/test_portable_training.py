@@ -5,8 +5,9 @@ Every case is lowered for the portable target, checked by onnx.checker (full_che
 lowering.rules.PORTABLE_OPS (so no Conv/ConvTranspose with runtime weights, no ScatterElements), then run in
 onnxruntime, OpenVINO, tract and ``onnx.reference`` and compared with the float64 reference of
 runtime.reference_training. What a runtime cannot run is an asserted refusal, never a skip (tract has no
-bf16). Then the recorded onnxruntime-training fixtures (one-node cases, and generate_artifacts' training
-graphs) lowered for the portable target and run in onnxruntime against onnxruntime-training's own outputs.
+bf16). Then the recorded onnxruntime-training fixtures lowered for the portable target and compared with
+onnxruntime-training's own outputs: the one-node cases in onnxruntime, generate_artifacts' training graphs in
+every runtime (but see STEP_REFUSALS).
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ def _built(case: str):
 
 
 def _run_openvino(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
-    """OpenVINO with inputs by position and outputs by any of their names: its ports take the names of the
+    """OpenVINO with inputs and outputs matched by any of their names: its ports take the names of the
     values a no-op (a Reshape to the same shape) merged into them, so one name per port is not enough."""
     import openvino as ov
 
@@ -205,8 +206,8 @@ def _run_openvino(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
                                   {"INFERENCE_PRECISION_HINT": "f32"})  # f32 stays f32, see tests/test_portable.py
     # numpy's int64 comes under two type codes ('l', 'q'); OpenVINO's binding knows only np.int64's
     inputs = {}
-    for i, v in enumerate(model.graph.input):
-        value = np.asarray(feeds[v.name])
+    for i, port in enumerate(compiled.inputs):  # OpenVINO drops graph inputs nothing reads
+        value = np.asarray(feeds[next(v.name for v in model.graph.input if v.name in port.get_names())])
         inputs[i] = value.view(np.int64) if value.dtype == np.int64 else value
     results = compiled(inputs)
     return {o.name: next(value for port, value in results.items() if o.name in port.get_names())
@@ -338,10 +339,17 @@ def test_recorded_cases_portable(case):
         assert err <= tolerance, f"{name}: {err:.3g} of the largest entry"
 
 
-@pytest.mark.parametrize("name", ARTIFACT_NAMES)
-def test_training_step_portable(name):
+# tract 0.23 has no SoftmaxCrossEntropyLoss with its log_prob output (the cnn's forward loss, left as it is);
+# onnx.reference's MaxPool picks other indices than onnxruntime's where a window holds ties (the zeros after
+# the cnn's ReLU, with padding), so its cnn step is another step, not checked there
+STEP_REFUSALS = {("cnn", "tract"): "SoftmaxCrossEntropyLoss"}
+STEP_RUNS = [(n, r) for n in ARTIFACT_NAMES for r in RUNTIMES if (n, r) != ("cnn", "reference")]
+
+
+@pytest.mark.parametrize("name, runtime", STEP_RUNS)
+def test_training_step_portable(name, runtime, tmp_path):
     """As tests/test_ort_training_artifacts.py, lowered for the portable target: every op the lowering emits
-    is portable (the forward graph's own standard ops stay as they are)."""
+    is portable (the forward graph's own standard ops stay as they are), and the step runs in each runtime."""
     folder = ARTIFACTS / name
     meta = json.loads((folder / "meta.json").read_text())
     model, exposed = _gradients_exposed(onnx.load(str(folder / "training_model.onnx")))
@@ -354,7 +362,11 @@ def test_training_step_portable(name):
     data[meta["labels_input"]] = data.pop("labels")
     feeds = data | dict(np.load(folder / "initial_params.npz"))
     feeds = {k: v for k, v in feeds.items() if k in {i.name for i in lowered.graph.input}}
-    got = run_model(lowered, feeds)
+    if (name, runtime) in STEP_REFUSALS:
+        with pytest.raises(Exception, match=STEP_REFUSALS[name, runtime]):
+            _run(runtime, lowered, feeds, tmp_path)
+        return
+    got = _run(runtime, lowered, feeds, tmp_path)
     recorded = np.load(folder / "raw_train_step1.npz")
     loss_name = lowered.graph.output[0].name
     assert abs(float(got[loss_name]) - float(recorded[loss_name])) <= 1e-5 * abs(float(recorded[loss_name]))

@@ -153,6 +153,8 @@ CASES = {
     "conv_pointwise_strided": lambda: _conv((2, 3, 5, 6), (4, 3, 1, 1), {"strides": [2, 3]}),
     "conv_dilation_as_stride": lambda: _conv((1, 2, 7, 6), (3, 2, 2, 2), {"strides": [2, 2], "dilations": [2, 2]}),
     "conv_depthwise_opset12": lambda: _conv((2, 4, 6, 6), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, opset=12),
+    "conv_opset12_strided": lambda: _conv((2, 4, 7, 6), (6, 2, 3, 2), {"group": 2, "strides": [2, 3],
+                                                                       "pads": [1, 0, 0, 1]}, opset=12),
     "conv_f16": lambda: _conv((2, 4, 5, 5), (4, 2, 3, 3), {"group": 2, "strides": [2, 2], "pads": [1, 1, 1, 1]},
                               elem=F16),
     "conv_f64": lambda: _conv((2, 3, 5, 5), (4, 3, 3, 3), {"strides": [2, 1], "pads": [1, 1, 0, 0]}, elem=F64),

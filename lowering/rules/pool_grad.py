@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import numpy as np
 from onnx import TensorProto
@@ -202,12 +203,12 @@ def _windows(request: LoweringRequest, spatial: list[int], dy_shape, params: Poo
         shown = "unknown" if dy_shape is None else "[" + ",".join("?" if d is None else str(d) for d in dy_shape) + "]"
         raise _fail(request, "the portable lowering needs kernel_shape and dY's spatial dims static (kernel_shape "
                              f"{list(params.kernel_shape) if params.kernel_shape else 'missing'}, dY {shown}): it "
-                             "spreads dY over the windows with static slices")
+                             "spreads dY over the windows with a static window geometry")
     return Windows(tuple(spatial), tuple(params.kernel_shape), tuple(params.strides), tuple(params.dilations),
                    tuple(params.pads), tuple(outputs))
 
 
-def _spread(e: Emitter, piece, rank: int, windows: Windows, out: str, io: int) -> None:
+def _spread(e: Emitter, piece: Callable[[int], str], rank: int, windows: Windows, out: str, io: int) -> None:
     """col2im into ``out``: written by its last op, or through one Cast to the output type."""
     if io == e.ct:
         col2im(e, piece, rank, windows, output=out)

@@ -30,6 +30,7 @@ from test_pool_grads import _case as _pool_case
 from test_portable import _run as _run_any
 from test_training_grads import _conv_case, _sce_case
 
+from lowering.cli import main
 from lowering.passes import lower_model
 from lowering.rules import PORTABLE_OPS, TARGETS, rule_targets
 from opdef.errors import LoweringError
@@ -297,6 +298,21 @@ def test_portable_conv_grad_needs_static_spatial_dims():
     with pytest.raises(LoweringError, match=r"^com.microsoft ConvGrad 'cg': the portable lowering needs X's "
                                             r"spatial dims static"):
         lower_model(model, target="portable")
+
+
+def test_cli_portable_refusal_is_one_line_and_writes_nothing(tmp_path, capsys):
+    node = helper.make_node("ConvGrad", ["dy", "x", "w"], ["dx"], domain=MS, name="cg")
+    model = _model([node], [("dy", F32, [2, 4, "H", "W"]), ("x", F32, [2, 3, "h", "w"]), ("w", F32, [4, 3, 3, 3])],
+                   [("dx", F32, None)])
+    path, out = tmp_path / "model.onnx", tmp_path / "low.onnx"
+    onnx.save(model, path)
+    assert main(["lower", str(path), "-o", str(out)]) == 0  # the onnxruntime form
+    out.unlink()
+    assert main(["lower", str(path), "-o", str(out), "--target", "portable"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"oplower lower: error: {path}: com.microsoft ConvGrad 'cg': the portable lowering needs")
+    assert not out.exists()
 
 
 def test_portable_max_pool_grad_needs_kernel_shape():

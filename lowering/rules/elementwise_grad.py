@@ -1,14 +1,15 @@
 """Lowering of onnxruntime-training's ``ReluGrad``, ``SigmoidGrad`` and ``Scale`` (``specs/com.microsoft/``).
 
 ReluGrad: ``Where(X > 0, dY, 0)``; SigmoidGrad: ``dY * (Y * (1 - Y))``; Scale: one Mul or Div by the
-scale viewed as a scalar. f16/bf16 are cast up to f32 once and rounded once.
+scale viewed as a scalar. f16/bf16 are cast up to f32 once and rounded once. One form for both targets:
+every op here is elementwise (lowering.rules.PORTABLE_OPS).
 """
 
 from __future__ import annotations
 
 from lowering.builder import NodeBuilder
 from lowering.emit_common import Emitter, compute_type
-from lowering.rules import LoweringRequest, register_rule
+from lowering.rules import TARGETS, LoweringRequest, register_rule
 from opdef.errors import LoweringError
 
 
@@ -26,7 +27,7 @@ def input_elem(request: LoweringRequest, name: str) -> int:
                         f"{name} must be known to lower it")
 
 
-@register_rule("relu_grad")
+@register_rule("relu_grad", targets=TARGETS)
 def lower_relu_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     out = request.output("dX")
     if out is None:
@@ -37,7 +38,7 @@ def lower_relu_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     e.finish("Where", [positive, e.up(request.input("dY"), io), e.scalar(0.0, "zero")], out, io)
 
 
-@register_rule("sigmoid_grad")
+@register_rule("sigmoid_grad", targets=TARGETS)
 def lower_sigmoid_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     out = request.output("dX")
     if out is None:
@@ -49,7 +50,7 @@ def lower_sigmoid_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     e.finish("Mul", [e.up(request.input("dY"), io), slope], out, io)
 
 
-@register_rule("scale")
+@register_rule("scale", targets=TARGETS)
 def lower_scale(b: NodeBuilder, request: LoweringRequest) -> None:
     out = request.output("output")
     if out is None:

@@ -13,20 +13,30 @@ AveragePoolGrad: dY times a constant map of 1/n per output position (n from coun
 window's part inside the input), spread over the windows by a ConvTranspose with a kernel of ones on the
 [N*C, 1, O...] view; pads / output_padding crop it to dX's spatial shape. It computes in f32 (f16 and f64
 cast once and rounded once): onnxruntime's CPU provider has no f64 ConvTranspose.
+
+The portable target (no ScatterElements with its opset-dependent reduction, no ConvTranspose with a runtime
+input) spreads values back with :func:`lowering.rules.im2col.col2im`, which needs dY's spatial dims and the
+kernel_shape static. MaxPoolGrad: the index's position inside its sample's plane (``Indices - (Indices /
+plane) * plane``, integer division) compared with each kernel offset's input position for every output
+position (a constant [K, O...] map, -1 in the padding) is a one-hot over the offsets: ``Where(onehot, dY, 0)``
+is the per-offset piece. AveragePoolGrad: every offset's piece is dY times the 1/n map. Computed in f32 (f64
+in f64), rounded once.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import numpy as np
 from onnx import TensorProto
 
 from lowering.builder import NodeBuilder
 from lowering.emit_common import Emitter, compute_type
-from lowering.rules import LoweringRequest, register_rule
+from lowering.rules import TARGETS, LoweringRequest, register_rule
 from lowering.rules.elementwise_grad import input_elem
+from lowering.rules.im2col import Windows, col2im
 from opdef.errors import LoweringError
 from opdef.rules.pool_grad import PoolParameters, pool_parameters
 
@@ -63,7 +73,7 @@ def _full_shape(e: Emitter, dy: str, spatial: list[int]) -> str:
     return b.op1("Concat", [batch_channels, e.ints(spatial, "spatial")], axis=0)
 
 
-@register_rule("max_pool_grad")
+@register_rule("max_pool_grad", targets=TARGETS)
 def lower_max_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     out = request.output("dX")
     if out is None:
@@ -73,6 +83,18 @@ def lower_max_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     e = Emitter(b, compute_type(io))
     dy = e.up(request.input("dY"), io)
     indices = request.input("Indices")
+    if request.options.target == "portable":
+        windows = _windows(request, spatial, dy_shape, params)
+        plane = e.ints(math.prod(spatial), "plane")
+        within = b.op1("Sub", [indices, b.op1("Mul", [b.op1("Div", [indices, plane]), plane])])
+        positions = windows.input_positions()  # [K, O...]
+
+        def piece(i: int) -> str:  # dY where offset i holds the window's maximum, else 0
+            onehot = b.op1("Equal", [within, b.const(positions[i], hint="positions")])
+            return b.op1("Where", [onehot, dy, e.scalar(0.0, "zero")])
+
+        _spread(e, piece, len(spatial) + 2, windows, out, io)
+        return
     shape = _full_shape(e, dy, spatial)
     flat = e.ints([-1], "flat")
     data = b.op1("Reshape", [b.op1("Expand", [e.scalar(0.0, "zero"), shape]), flat])
@@ -111,7 +133,7 @@ def _groups(request: LoweringRequest, params: PoolParameters, dy_shape, spatial:
         yield tuple(steps), residue
 
 
-@register_rule("average_pool_grad")
+@register_rule("average_pool_grad", targets=TARGETS)
 def lower_average_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     out = request.output("dX")
     if out is None:
@@ -136,10 +158,16 @@ def lower_average_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
             raise _fail(request, f"dY has {outputs[a]} positions on axis {a + 2}; the forward output of dX's "
                                  f"{spatial[a]} with kernel {kernel[a]}, stride {strides[a]} and pads "
                                  f"{pads[a]}+{pads[a + k]} has {floor_size} (or {ceil_size} with ceil_mode)")
-    e = Emitter(b, TensorProto.FLOAT)  # onnxruntime has no f64 ConvTranspose: f64 is computed in f32 too
+    portable = request.options.target == "portable"
+    # onnxruntime has no f64 ConvTranspose: f64 is computed in f32 too, unless portable
+    e = Emitter(b, compute_type(io) if portable else TensorProto.FLOAT)
     dy = e.up(request.input("dY"), io)
     weights = _inverse_counts(spatial, outputs, params)
     scaled = b.op1("Mul", [dy, b.const(weights.reshape((1, 1, *outputs)).astype(e.np_ct), hint="inv_count")])
+    if portable:
+        windows = Windows(tuple(spatial), tuple(kernel), tuple(strides), (1,) * k, tuple(pads), tuple(outputs))
+        _spread(e, lambda i: scaled, k + 2, windows, out, io)
+        return
     view = b.op1("Reshape", [scaled, e.ints([-1, 1, *outputs], "plane_view")])
     ends, output_padding = [], []
     for a in range(k):
@@ -165,3 +193,24 @@ def _inverse_counts(spatial: list[int], outputs: list[int], params: PoolParamete
     for axis in per_axis[1:]:
         counts = np.multiply.outer(counts, axis)
     return 1.0 / counts
+
+
+def _windows(request: LoweringRequest, spatial: list[int], dy_shape, params: PoolParameters) -> Windows:
+    """The window geometry the portable form needs static: kernel_shape and dY's spatial dims."""
+    k = len(spatial)
+    outputs = [None if dy_shape is None else dy_shape[2 + a] for a in range(k)]
+    if params.kernel_shape is None or not all(isinstance(o, int) for o in outputs):
+        shown = "unknown" if dy_shape is None else "[" + ",".join("?" if d is None else str(d) for d in dy_shape) + "]"
+        raise _fail(request, "the portable lowering needs kernel_shape and dY's spatial dims static (kernel_shape "
+                             f"{list(params.kernel_shape) if params.kernel_shape else 'missing'}, dY {shown}): it "
+                             "spreads dY over the windows with a static window geometry")
+    return Windows(tuple(spatial), tuple(params.kernel_shape), tuple(params.strides), tuple(params.dilations),
+                   tuple(params.pads), tuple(outputs))
+
+
+def _spread(e: Emitter, piece: Callable[[int], str], rank: int, windows: Windows, out: str, io: int) -> None:
+    """col2im into ``out``: written by its last op, or through one Cast to the output type."""
+    if io == e.ct:
+        col2im(e, piece, rank, windows, output=out)
+    else:
+        e.b.op1("Cast", [col2im(e, piece, rank, windows)], out, to=io)

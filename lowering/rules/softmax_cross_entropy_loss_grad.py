@@ -6,6 +6,8 @@ the label against the class indices (a Range), the per-sample weight a Gather of
 (ignored labels first replaced by 0, so an out-of-range ``ignore_index`` such as -100 is never gathered),
 zeroed where the label is ``ignore_index``. For reduction ``mean`` g is dY over the sum of the weights
 (over the number of samples without weight and ignore_index), left undivided when that sum is 0.
+One form for both targets: Range, Equal, Gather, Where and elementwise arithmetic take runtime tensors
+everywhere (lowering.rules.PORTABLE_OPS).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from onnx import TensorProto
 
 from lowering.builder import NodeBuilder
 from lowering.emit_common import Emitter, compute_type
-from lowering.rules import LoweringRequest, register_rule
+from lowering.rules import TARGETS, LoweringRequest, register_rule
 from lowering.rules.elementwise_grad import input_elem
 
 _INT_NP = {TensorProto.INT32: np.int32, TensorProto.INT64: np.int64}
@@ -27,7 +29,7 @@ def _unsqueeze(e: Emitter, name: str, axis: int) -> str:
     return e.b.op1("Unsqueeze", [name, e.ints([axis], "axes")])
 
 
-@register_rule("softmax_cross_entropy_loss_grad")
+@register_rule("softmax_cross_entropy_loss_grad", targets=TARGETS)
 def lower_softmax_cross_entropy_loss_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     out = request.output("d_logits")
     if out is None:

@@ -41,6 +41,10 @@ class NodeBuilder:
         self.new_constants: dict[str, tuple] = {}  # value name -> key, for the constants this builder emitted
         self._counter = first_index
 
+    def is_taken(self, name: str) -> bool:
+        """Whether ``name`` is in use (a builder for a subgraph's nodes shares the predicate)."""
+        return self._is_taken(name) or name in self.used_names
+
     @property
     def last_index(self) -> int:
         """The counter after the last name handed out (a later builder with the same prefix starts there)."""

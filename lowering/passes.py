@@ -28,6 +28,7 @@ from lowering.builder import NodeBuilder
 from lowering.compat import runtime_ir_version
 from lowering.modelio import check_structure
 from lowering.rules import LoweringOptions, LoweringRequest, check_portable, check_target, rule_for
+from opdef import in_place
 from opdef.errors import LoweringError
 from opdef.graphs import model_nodes, subgraphs
 from opdef.node import NodeInference, TensorType
@@ -195,9 +196,13 @@ class _Lowering:
         self._call_sites: dict[graphs.FunctionKey, list[tuple[TensorType | None, ...]]] = {}
         self._added = 0
         self._inferences: dict[tuple, tuple[NodeInference, tuple[str, ...]]] = {}
+        # default-domain training ops (MaxPoolGrad ...) exist from an opset on: the model's decides
+        self._default_opset = graphs.default_opset(self.model.opset_import)
 
     def _is_target(self, node: onnx.NodeProto) -> bool:
-        return self.registry.handles(node.domain, node.op_type)
+        if not node.domain and self._functions and graphs.call_key(node) in self._functions:
+            return False  # a call of a model-local function that lives in the default domain
+        return self.registry.handles(node.domain, node.op_type, self._default_opset)
 
     def run(self) -> tuple[onnx.ModelProto, bool]:
         model = self.model
@@ -284,9 +289,12 @@ class _Lowering:
 
     # -- one node --------------------------------------------------------------------------------
     def _lower_node(self, node: onnx.NodeProto, scope: _Scope) -> None:
+        exposed, joins = frozenset(), []
+        if scope.graph is self.model.graph:  # in-place updates become main-graph outputs (opdef.in_place)
+            node, exposed, joins = in_place.expose(node, self.registry, scope.graph, self._taken, scope.types)
         inference, verified_names, key = self._infer(node, self._value_types(node, scope))
-        wanted = frozenset(name for name in node.output if name in scope.reads)
-        graph_outputs = frozenset(name for name in node.output if name in scope.outputs)
+        wanted = frozenset(name for name in node.output if name in scope.reads) | exposed
+        graph_outputs = frozenset(name for name in node.output if name in scope.outputs) | exposed
         # the options (target included) are part of the key: what a rule emits depends on them
         replay_key = (key, self.options, tuple(name in wanted for name in node.output),
                       tuple(map(graph_outputs.__contains__, node.output)))
@@ -330,9 +338,12 @@ class _Lowering:
             self._name_index[prefix] = builder.last_index
         else:
             self._taken |= builder.used_names
+        for produced, exposed_name in joins:
+            out.add(op_type="Identity", input=[produced], output=[exposed_name], name=builder.fresh("in_place"))
+            emitted += 1
         self._added += emitted - 1
         self._note_output_types(node, inference.output_types, wanted, scope)
-        self.report.lowered[f"{node.domain}::{node.op_type}"] += 1
+        self.report.lowered[f"{node.domain or 'ai.onnx'}::{node.op_type}"] += 1
 
     def _infer(self, node: onnx.NodeProto, types: Types) -> tuple[NodeInference, tuple[str, ...] | None, tuple]:
         """:func:`infer_node`, once per distinct node signature: verification depends on the op, the

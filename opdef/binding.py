@@ -38,6 +38,14 @@ class Binding:
     min_rank: int | None = None
     max_rank: int | None = None
     options: tuple[tuple[str, Any], ...] = ()  # rule-specific extras
+    # default-domain ops only (onnxruntime-training's MaxPoolGrad ...): the first default opset that has it
+    since_opset: int | None = None
+    # (output role, input role): the output is the in-place update of the input (DESIGN.md section 9); a
+    # lowered main graph also returns it as the graph output "<input value name>.updated"
+    in_place: tuple[tuple[str, str], ...] = ()
+    # (attribute role, value): no in-place update when the node's attribute (or its spec default) has that
+    # value, e.g. BatchNormInternal in inference mode leaves its running statistics alone
+    in_place_unless: tuple[tuple[str, Any], ...] = ()
 
     @functools.cached_property
     def role_map(self) -> Mapping[str, str]:  # read for every node the pass lowers: built once, read-only
@@ -62,7 +70,8 @@ class Binding:
 
 
 _FIELDS = {"spec", "domain", "op_type", "rule", "dialect", "roles", "layout", "layout_attribute",
-           "statistics", "stat_input", "min_rank", "max_rank", "options", "comment"}
+           "statistics", "stat_input", "min_rank", "max_rank", "options", "since_opset", "in_place",
+           "in_place_unless", "comment"}
 
 
 def load_bindings(path: Path) -> list[Binding]:
@@ -97,8 +106,11 @@ def _bindings(raw: Any, source: str) -> list[Binding]:
         if unknown:
             raise SpecError(source, None, f"{where}: unknown field(s) {sorted(unknown)}")
         for field in ("spec", "domain", "op_type", "rule"):
-            if not isinstance(entry.get(field), str) or not entry[field]:
+            if not isinstance(entry.get(field), str) or (not entry[field] and field != "domain"):
                 raise SpecError(source, None, f"{where}: field {field!r} must be a non-empty string")
+        if entry["domain"] in ("", "ai.onnx") and not isinstance(entry.get("since_opset"), int):
+            # a default-domain op is recognised by name and opset: without one it could shadow standard ops
+            raise SpecError(source, None, f"{where}: a default-domain op needs 'since_opset'")
         layout = entry.get("layout", "channel_first")
         if layout not in LAYOUTS:
             raise SpecError(source, None, f"{where}: layout {layout!r} not one of {list(LAYOUTS)}")
@@ -114,18 +126,26 @@ def _bindings(raw: Any, source: str) -> list[Binding]:
         roles = entry.get("roles", {})
         if not isinstance(roles, dict) or not all(isinstance(v, str) for v in roles.values()):
             raise SpecError(source, None, f"{where}: roles must map role names to argument names")
-        for field in ("min_rank", "max_rank"):
+        for field in ("min_rank", "max_rank", "since_opset"):
             value = entry.get(field)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise SpecError(source, None, f"{where}: {field} must be a non-negative integer, not {value!r}")
         options = entry.get("options", {})
         if not isinstance(options, dict):
             raise SpecError(source, None, f"{where}: options must be an object")
+        in_place = entry.get("in_place", {})
+        if not isinstance(in_place, dict) or not all(
+                isinstance(o, str) and isinstance(i, str) and o in roles and i in roles for o, i in in_place.items()):
+            raise SpecError(source, None, f"{where}: in_place must map output roles to input roles, both in roles")
+        in_place_unless = entry.get("in_place_unless", {})
+        if not isinstance(in_place_unless, dict) or not all(r in roles for r in in_place_unless):
+            raise SpecError(source, None, f"{where}: in_place_unless must map attribute roles to values")
         out.append(Binding(
             spec=entry["spec"], domain=entry["domain"], op_type=entry["op_type"], rule=entry["rule"],
             dialect=entry.get("dialect"), roles=tuple(roles.items()), layout=layout,
             layout_attribute=entry.get("layout_attribute"), statistics=statistics, stat_input=stat_input,
             min_rank=entry.get("min_rank"), max_rank=entry.get("max_rank"),
-            options=tuple(sorted(options.items())),
+            options=tuple(sorted(options.items())), since_opset=entry.get("since_opset"),
+            in_place=tuple(in_place.items()), in_place_unless=tuple(in_place_unless.items()),
         ))
     return out

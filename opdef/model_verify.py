@@ -42,7 +42,7 @@ def verify_model(model: onnx.ModelProto, registry: Registry | None = None, *,
     """
     registry = registry if registry is not None else load_schemas()
     inferred = infer_shapes(model, registry)
-    walker = _Walker(registry, all_errors)
+    walker = _Walker(registry, all_errors, {(f.domain, f.name) for f in model.functions})
     walker.graph(inferred.graph, {})
     for function in inferred.functions:
         walker.nodes(function.node, value_types_of_graph(function))
@@ -66,9 +66,10 @@ def infer_shapes(model: onnx.ModelProto, registry: Registry) -> onnx.ModelProto:
 
 
 class _Walker:
-    def __init__(self, registry: Registry, all_errors: bool):
+    def __init__(self, registry: Registry, all_errors: bool, functions: set[tuple[str, str]] = frozenset()):
         self.registry = registry
         self.all_errors = all_errors
+        self.functions = functions  # (domain, name) of the model-local functions: calls are not ops
         self.results: list[NodeInference] = []
         self.errors: list[VerificationError] = []
 
@@ -77,7 +78,7 @@ class _Walker:
 
     def nodes(self, nodes, types: dict[str, TensorType | None]) -> None:
         for node in nodes:
-            if self.registry.handles(node.domain, node.op_type):
+            if self.registry.handles(node.domain, node.op_type) and (node.domain, node.op_type) not in self.functions:
                 self._verify(node, types)
             for sub in subgraphs(node):
                 self.graph(sub, types)

@@ -22,7 +22,7 @@ from onnx import AttributeProto, TensorProto, helper
 from opdef.errors import SpecError, VerificationError
 from opdef.registry import Entry, Registry, load_schemas
 from opdef.schema import Argument, Attribute
-from opdef.types import ONNX_ELEM_TYPE, TYPE_CLASSES, normalize_type
+from opdef.types import ONNX_ELEM_TYPE, TYPE_CLASSES, normalize_type, sequence_element
 from opdef.verify import infer_with_schema, onnx_attribute_kind, tensor_type_from_proto, tensor_type_to_proto
 
 __all__ = ["lenient_inference", "register_onnx_schemas", "to_onnx_schema", "unregister_onnx_schemas"]
@@ -39,7 +39,7 @@ def register_onnx_schemas(registry: Registry | None = None) -> list[onnx.defs.Op
     _build_reference_schema_table_first()
     out = []
     for entry in registry:
-        key = (entry.binding.domain, entry.binding.op_type, entry.schema.version)
+        key = (entry.binding.domain, entry.binding.op_type, onnx_version(entry))
         previous = _REGISTERED.get(key)
         if previous is not None and previous == entry:
             out.append(onnx.defs.get_schema(key[1], key[2], key[0]))
@@ -84,6 +84,15 @@ def lenient_inference() -> Iterator[None]:
 
 # -- building the onnx schema ----------------------------------------------------------------------
 
+def onnx_version(entry: Entry) -> int:
+    """The since-version to register: a default-domain op's is the default opset it exists from (its binding's
+    ``since_opset``: onnx.checker then refuses it in older models, as onnxruntime does); a custom domain's is
+    the document's version."""
+    if entry.binding.domain == "" and entry.binding.since_opset is not None:
+        return entry.binding.since_opset
+    return entry.schema.version
+
+
 def to_onnx_schema(entry: Entry) -> onnx.defs.OpSchema:
     schema, binding = entry.schema, entry.binding
     constraints: dict[str, list[str]] = {}
@@ -108,11 +117,12 @@ def to_onnx_schema(entry: Entry) -> onnx.defs.OpSchema:
     inputs = [formal(a) for a in schema.inputs]
     outputs = [formal(a) for a in schema.outputs]
     attributes = [_attribute(entry, a) for a in schema.attributes]
-    onnx_schema = _Onnx(binding.op_type, binding.domain, schema.version, schema.description,
+    version = onnx_version(entry)
+    onnx_schema = _Onnx(binding.op_type, binding.domain, version, schema.description,
                         inputs=inputs, outputs=outputs, attributes=attributes,
                         type_constraints=[(v, t, "") for v, t in constraints.items()])
     onnx_schema.set_type_and_shape_inference_function(_inference_function(binding.domain, binding.op_type,
-                                                                           schema.version))
+                                                                           version))
     return onnx_schema
 
 
@@ -120,6 +130,12 @@ def _tensor_types(names) -> list[str]:
     out = []
     for name in names:
         norm = normalize_type(name)
+        element = sequence_element(norm)
+        if element in ONNX_ELEM_TYPE:  # seq(f32): onnx spells it seq(tensor(float))
+            s = f"seq(tensor({TensorProto.DataType.Name(ONNX_ELEM_TYPE[element]).lower()}))"
+            if s not in out:
+                out.append(s)
+            continue
         for t in TYPE_CLASSES.get(norm, (norm,)):
             if t in ONNX_ELEM_TYPE:
                 s = f"tensor({TensorProto.DataType.Name(ONNX_ELEM_TYPE[t]).lower()})"

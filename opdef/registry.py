@@ -13,6 +13,19 @@ from opdef.parse import parse_spec
 from opdef.schema import OpSchema
 
 BINDINGS_FILE = "bindings.json"
+DEFAULT_DOMAINS = ("", "ai.onnx")  # two spellings of the default ONNX domain
+
+
+def _domain(domain: str) -> str:
+    return "" if domain in DEFAULT_DOMAINS else domain
+
+
+@functools.cache
+def _onnx_op_names() -> frozenset[str]:
+    """Every op name onnx.defs knows in the default domain (any opset), the ones registered since included."""
+    import onnx.defs
+
+    return frozenset(s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain in DEFAULT_DOMAINS)
 
 
 def default_spec_dir() -> Path:
@@ -55,17 +68,35 @@ class Registry:
 
     @property
     def domains(self) -> frozenset[str]:
-        return frozenset(d for d, _ in self._entries)
+        """The custom domains the registry binds ops of (the default domain is never one)."""
+        return frozenset(d for d, _ in self._entries if d != "")
 
-    def handles(self, domain: str, op_type: str) -> bool:
+    def handles(self, domain: str, op_type: str, opset: int | None = None) -> bool:
         """Whether a node is this registry's to verify and lower: every op of a domain the project owns
-        (an unknown op there is an error), only the bound ops of a shared domain (``com.microsoft``)."""
+        (an unknown op there is an error), only the bound ops of a shared domain (``com.microsoft``).
+
+        In the default domain (only when some binding is there): the bound non-standard ops (onnxruntime-
+        training's MaxPoolGrad ...) from their ``since_opset`` on (``opset``: the model's default opset, None:
+        any), and any name that is no standard ONNX op at all, so that verification reports it as unknown;
+        every standard op is left alone."""
+        domain = _domain(domain)
+        if domain == "":
+            return self._handles_default(op_type, opset)
         if domain not in self.domains:
             return False
         return domain not in self.shared_domains or (domain, op_type) in self._entries
 
+    def _handles_default(self, op_type: str, opset: int | None) -> bool:
+        entry = self._entries.get(("", op_type))
+        if entry is not None:
+            since = entry.binding.since_opset
+            return opset is None or since is None or opset >= since
+        if not any(d == "" for d, _ in self._entries):
+            return False
+        return op_type not in _onnx_op_names()
+
     def get(self, domain: str, op_type: str) -> Entry | None:
-        return self._entries.get((domain, op_type))
+        return self._entries.get((_domain(domain), op_type))
 
     def schema(self, domain: str, op_type: str) -> OpSchema:
         return self._require(domain, op_type).schema

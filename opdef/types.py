@@ -41,9 +41,27 @@ TYPE_CLASSES: dict[str, tuple[str, ...]] = {
 
 
 def normalize_type(name: str) -> str:
-    """``FLOAT32`` -> ``f32``; unknown names are returned lower-cased, unchanged otherwise."""
+    """``FLOAT32`` -> ``f32``, ``seq(float)`` -> ``seq(f32)``; unknown names are returned lower-cased."""
     key = name.strip().strip("`*").lower()
+    element = sequence_element(key)
+    if element is not None:
+        return f"seq({normalize_type(element)})"
     return ALIASES.get(key, key)
+
+
+def sequence_element(name: str) -> str | None:
+    """``seq(f32)`` -> ``f32`` (a sequence of tensors, as onnxruntime's optimizers take); None otherwise."""
+    key = name.strip().lower()
+    if key.startswith("seq(") and key.endswith(")"):
+        return key[4:-1].strip()
+    return None
+
+
+def is_known_type(name: str) -> bool:
+    """An element type, or a sequence of tensors of one (``seq(f32)``)."""
+    norm = normalize_type(name)
+    element = sequence_element(norm)
+    return (element if element is not None else norm) in ONNX_ELEM_TYPE
 
 
 def type_name(elem_type: int) -> str:

@@ -56,7 +56,12 @@ def infer_node(node: onnx.NodeProto, value_types: Mapping[str, TensorType | None
     registry = registry if registry is not None else load_schemas()
     entry = registry.get(node.domain, node.op_type)
     if entry is None:
-        known = sorted(o for d, o in (e.binding.key for e in registry) if d == node.domain)
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        known = sorted(o for d, o in (e.binding.key for e in registry) if d == domain)
+        if domain == "":
+            raise VerificationError(node.domain, node.op_type, node_display_name(node),
+                                    f"unknown op type {node.op_type!r}: no standard ONNX op and no training op "
+                                    f"oplower knows in the default domain ({', '.join(known)})")
         what = f"known in domain {node.domain!r}: {', '.join(known)}" if known else \
             f"no schemas for domain {node.domain!r}"
         raise VerificationError(node.domain, node.op_type, node_display_name(node),

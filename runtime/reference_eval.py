@@ -18,10 +18,11 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
+from opdef import in_place
 from opdef.errors import ModelError, OplowerError, RuntimeFailure, VerificationError
 from opdef.graphs import all_nodes
 from opdef.registry import Entry, Registry
-from runtime import reference
+from runtime import reference, reference_training
 
 SINGLE_OUTPUT_MODES = ("spec", "upstream")
 # An omitted output ("") of a custom node is renamed to this prefix + a number on the evaluator's copy:
@@ -156,6 +157,53 @@ def _batch_norm_internal(n: _Node, exact: bool, single_output: str) -> tuple:
 RULES = {"batch_norm_backward": _batch_norm_backward, "batch_norm_internal": _batch_norm_internal}
 
 
+# -- onnxruntime-training's gradient ops (runtime.reference_training); the pool gradients are not here: their
+# -- dX shape comes from the graph's declared types, which an op of the reference evaluator does not see
+
+def _rounded(n: _Node, exact: bool, values: Mapping[str, np.ndarray], dtype: np.dtype) -> tuple:
+    return n.results({role: (value, None if exact else dtype) for role, value in values.items()})
+
+
+def _relu_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy = n.input("dY")
+    return _rounded(n, exact, {"dX": reference_training.relu_grad(dy, n.input("X"))}, dy.dtype)
+
+
+def _sigmoid_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy = n.input("dY")
+    return _rounded(n, exact, {"dX": reference_training.sigmoid_grad(dy, n.input("Y"))}, dy.dtype)
+
+
+def _scale(n: _Node, exact: bool, single_output: str) -> tuple:
+    values = n.input("input")
+    result = reference_training.scale(values, n.input("scale"), int(n.attribute("scale_down", 0)))
+    return _rounded(n, exact, {"output": result}, values.dtype)
+
+
+def _conv_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy, x, w = n.input("dY"), n.input("X"), n.input("W")
+    spatial = x.ndim - 2
+    pads = n.attribute("pads") if str(n.attribute("auto_pad", "NOTSET")) != "VALID" else [0] * (2 * spatial)
+    dx, dw, db = reference_training.conv_grad(dy, x, w, group=int(n.attribute("group", 1)),
+                                              strides=n.attribute("strides"), dilations=n.attribute("dilations"),
+                                              pads=pads)
+    return _rounded(n, exact, {"dX": dx, "dW": dw, "dB": db}, dy.dtype)
+
+
+def _softmax_cross_entropy_loss_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    log_prob = n.input("log_prob")
+    ignore_index = n.attribute("ignore_index")
+    d_logits = reference_training.softmax_cross_entropy_loss_grad(
+        n.input("dY"), log_prob, n.input("label"), n.input("weight", required=False),
+        reduction=str(n.attribute("reduction", "mean")),
+        ignore_index=None if ignore_index is None else int(ignore_index))
+    return _rounded(n, exact, {"d_logits": d_logits}, log_prob.dtype)
+
+
+RULES |= {"relu_grad": _relu_grad, "sigmoid_grad": _sigmoid_grad, "scale": _scale, "conv_grad": _conv_grad,
+          "softmax_cross_entropy_loss_grad": _softmax_cross_entropy_loss_grad}
+
+
 def op_classes(registry: Registry, *, exact: bool = False, single_output: str = "spec") -> list[type[OpRun]]:
     """One ``OpRun`` subclass per registry entry whose rule has a float64 evaluation."""
     if single_output not in SINGLE_OUTPUT_MODES:
@@ -179,9 +227,21 @@ def op_classes(registry: Registry, *, exact: bool = False, single_output: str = 
 
 
 def _prepared_copy(model: onnx.ModelProto, registry: Registry) -> onnx.ModelProto:
-    """A copy the evaluator can run: omitted outputs of custom nodes named, every used domain imported."""
+    """A copy the evaluator can run: omitted outputs of custom nodes named, every used domain imported, and
+    the in-place contract applied to the main graph as the lowering applies it (``<input>.updated`` graph
+    outputs, opdef.in_place), so that the reference has every output the lowered model has."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
+    graph = copy.graph
+    taken = {name for node in all_nodes(graph) for name in (*node.input, *node.output)}
+    taken |= {v.name for v in (*graph.input, *graph.output)} | {t.name for t in graph.initializer}
+    nodes = []
+    for node in graph.node:
+        node, _, joins = in_place.expose(node, registry, graph, taken, {})
+        nodes.append(node)
+        nodes += [onnx.helper.make_node("Identity", [produced], [exposed]) for produced, exposed in joins]
+    del graph.node[:]
+    graph.node.extend(nodes)
     counter = 0
     for owner, body in ((copy, copy.graph), *((f, f) for f in copy.functions)):
         domains = set()

@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from lowering import bench
 from lowering.bench import runtimes as bench_runtimes
+from lowering.bench import training as bench_training
 from lowering.cli import main
+from lowering.training import initial_parameters, lower_artifacts
+from opdef.errors import ModelError
 
 
 def test_bench_tiny_writes_well_formed_json(tmp_path, capsys):
@@ -169,3 +173,108 @@ def test_peer_model_matches_the_reference():
                          stat_input="variance", outputs=("diff_src", "diff_gamma", "diff_beta"))
         for role in ("diff_src", "diff_gamma", "diff_beta"):
             np.testing.assert_allclose(got[role], want[role], rtol=1e-4, atol=1e-5 * np.abs(want[role]).max())
+
+
+# -- oplower bench --training (lowering/bench/training.py) --
+
+CNN = bench_training.CNN_ARTIFACTS
+TRAINING_OPS = {"AveragePoolGrad", "MaxPoolGrad", "BatchNormInternal", "BatchNormalizationGrad", "ConvGrad",
+                "InPlaceAccumulatorV2", "ReluGrad", "Scale", "SoftmaxCrossEntropyLossGrad"}
+
+
+def _recorded_losses() -> list[float]:
+    """onnxruntime-training's own 20-step curve on the committed CNN (tests/fixtures/ort_training)."""
+    return json.loads((CNN / "raw_curve.json").read_text())["loss"]
+
+
+def _check_training_result(result: dict, printed: str) -> None:
+    assert result["artifact"] == "cnn" and result["torch"] is None and result["reps"] == 3
+    assert "dW: one Conv" in result["conv_grad_formulation"]
+    (row,) = result["steps"]
+    assert row["threads"] == 1 and row["batch"] == 4 and row["input"] == [4, 3, 8, 8] and not row["redeclared"]
+    assert row["ms"] > 0 and row["torch_ms"] is None and row["vs_torch"] is None and row["loss_torch"] is None
+    assert row["losses_agree"] is None
+    # the bench's first step is onnxruntime-training's first step
+    assert abs(row["loss_ort"] - _recorded_losses()[0]) <= 1e-5 * _recorded_losses()[0]
+    profile = row["profile"]
+    origins = {r["origin"] for r in profile["rows"]}
+    assert origins == TRAINING_OPS | {bench_training.FORWARD}
+    assert abs(sum(r["share"] for r in profile["rows"]) - 1) < 1e-9
+    conv = next(r for r in profile["rows"] if r["origin"] == "ConvGrad")
+    assert {"Conv", "ConvTranspose"} <= set(conv["ops"])  # dW and dX
+    assert profile["training_ms"] > 0 and profile["optimizer_ms"] > 0
+    assert 0 < profile["conv_grad_share_of_step"] < conv["share"]
+    assert "| threads | batch | input | ms | training + optimizer ms | torch ms |" in printed
+    assert "| ConvGrad |" in printed and "ConvGrad formulation: dX: ConvTranspose" in printed
+
+
+def test_bench_training_without_torch_writes_json_and_markdown(tmp_path, capsys):
+    out = tmp_path / "training.json"
+    assert main(["bench", "--training", "--shapes", "tiny", "--no-torch", "--json", str(out)]) == 0
+    printed = capsys.readouterr()
+    _check_training_result(json.loads(out.read_text()), printed.out)
+    assert "[training] cnn train step, batch 4" in printed.err
+
+
+def test_bench_training_when_torch_is_absent(tmp_path, capsys, monkeypatch):
+    """No --no-torch, but torch not importable: the same table without torch's columns."""
+    monkeypatch.setattr(bench, "_torch", lambda: None)
+    out = tmp_path / "training.json"
+    assert main(["bench", "--training", "--shapes", "tiny", "--json", str(out)]) == 0
+    _check_training_result(json.loads(out.read_text()), capsys.readouterr().out)
+
+
+def test_ort_train_step_follows_the_recorded_curve():
+    """Bound buffers, parameters updated in place, moments and step carried: three steps of the bench's runner
+    give onnxruntime-training's recorded losses."""
+    models = lower_artifacts(CNN)
+    start = initial_parameters(CNN, models, dict(np.load(CNN / "initial_params.npz")))
+    step = bench_training.OrtTrainStep(models, start, dict(np.load(CNN / "data.npz")),
+                                       bench_training.learning_rate(CNN))
+    losses = [step() for _ in range(3)]
+    np.testing.assert_allclose(losses, _recorded_losses()[:3], rtol=1e-5)
+
+
+def test_redeclared_batch_trains_like_the_committed_one(tmp_path):
+    """The training model re-declared for 8 samples, fed the committed batch twice: batch norm's statistics
+    and the mean loss are those of the 4 samples, so the loss is onnxruntime-training's recorded one."""
+    source = bench_training.artifacts_at_batch(CNN, 8, tmp_path)
+    assert source != CNN and bench_training.artifacts_at_batch(CNN, 4, tmp_path) == CNN
+    models = lower_artifacts(source)
+    dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in models.training.graph.input}
+    assert dims["input"] == [8, 3, 8, 8] and dims["labels"] == [8] and dims["13.weight"] == [4, 8]
+    start = initial_parameters(CNN, models, dict(np.load(CNN / "initial_params.npz")))
+    data = {k: np.concatenate([v, v]) for k, v in np.load(CNN / "data.npz").items()}
+    step = bench_training.OrtTrainStep(models, start, data, bench_training.learning_rate(CNN))
+    np.testing.assert_allclose(step(), _recorded_losses()[0], rtol=1e-5)
+
+
+def test_torch_train_step_matches_the_recorded_first_loss():
+    """The bench's torch side (when torch is importable) is the artifact's network with its initial weights."""
+    torch = pytest.importorskip("torch")
+    step = bench_training.torch_train_step(torch, dict(np.load(CNN / "initial_params.npz")),
+                                           dict(np.load(CNN / "data.npz")), bench_training.learning_rate(CNN),
+                                           bench_training.adamw_hyperparameters(CNN))
+    np.testing.assert_allclose(float(step()), _recorded_losses()[0], rtol=1e-5)
+
+
+def test_bench_training_needs_the_artifacts(tmp_path):
+    with pytest.raises(ModelError, match="no training_model.onnx"):
+        bench_training.run_training_bench(directory=tmp_path, use_torch=False)
+
+
+def test_adamw_hyperparameters_fill_omitted_attributes_from_the_spec(tmp_path):
+    """The committed optimizer model's own values; a node without attributes gets AdamWOptimizer.rst's
+    defaults (weight_decay 0.01, epsilon 1e-8, alpha 0.9, beta 0.999, adam_mode 0)."""
+    import onnx
+
+    own = bench_training.adamw_hyperparameters(CNN)
+    assert own["adam_mode"] == 1 and own["weight_decay"] == 0.0 and own["eps"] == pytest.approx(1e-6)
+    model = onnx.load(CNN / "optimizer_model.onnx")
+    for node in model.graph.node:
+        if node.op_type == "AdamWOptimizer":
+            del node.attribute[:]
+    onnx.save(model, tmp_path / "optimizer_model.onnx")
+    bare = bench_training.adamw_hyperparameters(tmp_path)
+    assert bare == {"betas": (pytest.approx(0.9), pytest.approx(0.999)), "eps": pytest.approx(1e-8),
+                    "weight_decay": pytest.approx(0.01), "adam_mode": 0}

@@ -27,6 +27,7 @@ from lowering.rules.batch_norm_internal import BatchNormInternalPlan, emit_batch
 from opdef.errors import VerificationError
 from opdef.node import TensorType
 from opdef.parse import parse_spec
+from opdef.registry import load_schemas
 from runtime import reference
 from runtime.session import run_model
 
@@ -449,14 +450,38 @@ def test_inference_mode_batch_norm_internal_lowers(opset):
     close(got, want, F32, "Y")
 
 
-def test_unused_forward_outputs_are_not_computed():
+def test_unread_running_statistics_still_come_back_as_in_place_updates():
+    """In a training graph nothing reads BatchNormInternal's running statistics, yet onnxruntime-training
+    updates its input_mean / input_var in place (recorded: tests/fixtures/ort_training): on the main graph
+    they are computed and returned as '<input>.updated' (DESIGN.md section 9), whether or not the node names
+    them as outputs."""
     model = _training_slice(17, (2, 3, 4, 5), F32)
     del model.graph.output[1:3]  # nobody reads the running statistics any more
     lowered = _lower(model)
-    assert len(lowered.graph.node) < len(_lower(_training_slice(17, (2, 3, 4, 5), F32)).graph.node)
-    produced = {o for n in lowered.graph.node for o in n.output}
-    assert "running_mean_out" not in produced and "running_var_out" not in produced
-    assert {"saved_mean", "saved_inv_std"} <= produced
+    outputs = [o.name for o in lowered.graph.output]
+    assert outputs[-2:] == ["running_mean.updated", "running_var.updated"]
+    assert len(lowered.graph.node) == len(_lower(_training_slice(17, (2, 3, 4, 5), F32)).graph.node)
+    feeds = {i.name: np.random.default_rng(1).standard_normal(
+        [d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32) for i in lowered.graph.input}
+    feeds["running_var"] = np.abs(feeds["running_var"]) + 0.5
+    got = run_model(lowered, feeds)
+    x = feeds["X"].astype(np.float64)
+    batch_mean = x.mean(axis=(0, 2, 3))
+    node = next(n for n in model.graph.node if n.op_type == "BatchNormInternal")
+    momentum = next(a.f for a in node.attribute if a.name == "momentum")
+    want = momentum * feeds["running_mean"] + (1 - momentum) * batch_mean
+    np.testing.assert_allclose(got["running_mean.updated"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_inference_mode_batch_norm_internal_updates_nothing():
+    """training_mode 0: no in-place update (bindings.json 'in_place_unless'), so no '.updated' output."""
+    node = helper.make_node("BatchNormInternal", ["X", "scale", "B", "mean", "var"], ["Y"], name="bn_eval",
+                            domain=MS, epsilon=1e-3, training_mode=0)
+    graph = helper.make_graph([node], "eval", [vi("X", F32, [2, 3, 4]), vi("scale", F32, [3]), vi("B", F32, [3]),
+                                               vi("mean", F32, [3]), vi("var", F32, [3])], [vi("Y", F32, [2, 3, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    model.ir_version = 10
+    assert [o.name for o in _lower(model).graph.output] == ["Y"]
 
 
 # -- a training-graph-like model: only the batch-norm nodes change ----------------------------------------
@@ -520,7 +545,7 @@ def _without_trailing_empty_outputs(node: onnx.NodeProto) -> onnx.NodeProto:
 
 
 def _check_only_batch_norm_nodes_changed(model, lowered, same=lambda a, b: a == b):
-    bn_ops = {"BatchNormInternal", "BatchNormalizationGrad"}
+    bn_ops = {o for d, o in (e.binding.key for e in load_schemas()) if d == MS}  # every op oplower lowers
     assert not [n for n in lowered.graph.node if n.domain == MS and n.op_type in bn_ops]
     before = [n for n in model.graph.node if not (n.domain == MS and n.op_type in bn_ops)]
     by_name = {n.name: n for n in lowered.graph.node}
@@ -533,7 +558,13 @@ def _check_only_batch_norm_nodes_changed(model, lowered, same=lambda a, b: a == 
     # other training ops still need their domain; graph inputs, outputs and initializers are unchanged
     assert any(o.domain == MS for o in lowered.opset_import)
     assert list(lowered.graph.input) == list(model.graph.input)
-    assert [o.name for o in lowered.graph.output] == [o.name for o in model.graph.output]
+    # ... plus each accumulation buffer's in-place update (DESIGN.md section 9)
+    # (and the running statistics BatchNormInternal updates in training mode), in node order
+    updated = [name for n in model.graph.node for name in (
+        n.input[3:5] if n.op_type == "BatchNormInternal" else n.input[:1] if n.op_type == "InPlaceAccumulatorV2"
+        else [])]
+    assert [o.name for o in lowered.graph.output] == [o.name for o in model.graph.output] + \
+        [f"{b}.updated" for b in updated]
     assert list(lowered.graph.initializer) == list(model.graph.initializer)
     # the lowered batch-norm nodes are standard ONNX
     new = [n for n in lowered.graph.node if n.name not in {m.name for m in before}]
@@ -554,7 +585,7 @@ def test_training_graph_other_node_protos_byte_identical():
 
 
 def test_check_verifies_the_bound_ops_and_leaves_other_training_ops_alone(tmp_path, capsys):
-    """com.microsoft is a shared domain: ConvGrad, ReluGrad ... are onnxruntime's, not unknown ops."""
+    """com.microsoft is a shared domain: ops oplower has no spec for are onnxruntime's, not unknown ops."""
     from lowering.cli import main
 
     path = tmp_path / "train.onnx"
@@ -562,7 +593,8 @@ def test_check_verifies_the_bound_ops_and_leaves_other_training_ops_alone(tmp_pa
     assert main(["check", str(path)]) == 0
     out = capsys.readouterr().out
     assert "com.microsoft BatchNormInternal" in out and "com.microsoft BatchNormalizationGrad" in out
-    assert "ConvGrad" not in out
+    assert "com.microsoft ConvGrad" in out and "com.microsoft InPlaceAccumulatorV2" in out
+    assert "SoftmaxCrossEntropyLossInternal" not in out  # no spec here: onnxruntime's, left alone
 
 
 def test_unknown_op_in_an_owned_domain_is_an_error():

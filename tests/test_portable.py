@@ -101,9 +101,12 @@ def _example(dtype: str):
         model, feeds = example.model, dict(example.feeds)
         forward = _add_forward(model, feeds, dtype)
         expected = dict(example.expected)
-        expected.update(evaluate(model, feeds, forward, registry=registry, exact=True))
+        # training mode updates the running statistics in place: '<input>.updated' outputs (DESIGN.md section 9)
+        updated = [f"{name}.updated" for name in model.graph.node[-1].input[3:5]]
+        expected.update(evaluate(model, feeds, forward + updated, registry=registry, exact=True))
         types = dict(example.output_types)
         types.update({o.name: o.type.tensor_type.elem_type for o in model.graph.output if o.name in forward})
+        types.update({name: types[forward[1]] for name in updated})
         _MODELS[dtype] = (model, feeds, expected, types)
     return _MODELS[dtype]
 

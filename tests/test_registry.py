@@ -20,6 +20,16 @@ BUNDLED = {
     ("directml", "BATCH_NORMALIZATION_GRAD"): "directml",
     ("com.microsoft", "BatchNormalizationGrad"): "onednn",
     ("com.microsoft", "BatchNormInternal"): "onednn",
+    ("com.microsoft", "ReluGrad"): "onednn",
+    ("com.microsoft", "SigmoidGrad"): "onednn",
+    ("com.microsoft", "Scale"): "onednn",
+    ("com.microsoft", "ConvGrad"): "onednn",
+    ("com.microsoft", "SoftmaxCrossEntropyLossGrad"): "onednn",
+    ("", "MaxPoolGrad"): "onednn",
+    ("", "AveragePoolGrad"): "onednn",
+    ("com.microsoft", "InPlaceAccumulatorV2"): "onednn",
+    ("com.microsoft", "AdamWOptimizer"): "onednn",
+    ("com.microsoft", "SGDOptimizerV2"): "onednn",
 }
 
 
@@ -41,7 +51,8 @@ def test_default_spec_dir_holds_the_bindings():
 def test_shared_domain_handles_only_bound_ops():
     registry = load_schemas()
     assert registry.handles("com.microsoft", "BatchNormalizationGrad")
-    assert not registry.handles("com.microsoft", "ConvGrad")  # onnxruntime's, not ours
+    assert registry.handles("com.microsoft", "ConvGrad")
+    assert not registry.handles("com.microsoft", "GatherGrad")  # onnxruntime's, not ours
     assert registry.handles("onednn", "NoSuchOp")  # our own domain: reported as unknown by verification
     assert not registry.handles("", "Relu")
 
@@ -74,6 +85,9 @@ BAD_BINDINGS = {
     "shared-domains-not-list": (lambda d: d.update(shared_domains="com.microsoft"), "shared_domains"),
     "ops-missing": (lambda d: d.pop("ops"), '"ops" list'),
     "missing-document": (lambda d: _first(d).update(spec="onednn/Nope.rst"), "cannot read"),
+    "default-domain-without-since-opset": (lambda d: next(o for o in d["ops"] if o["domain"] == "").pop("since_opset"),
+                                           "a default-domain op needs 'since_opset'"),
+    "since-opset-not-int": (lambda d: _first(d).update(since_opset="9"), "since_opset must be a non-negative integer"),
 }
 
 

@@ -26,6 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="which lowering to time in onnxruntime (default: onnxruntime, the tuned one)")
     p.add_argument("--runtimes", action="store_true",
                    help="also time the 64x56x56 layer (f32) in OpenVINO, tract and onnx.reference where installed")
+    p.add_argument("--training", action="store_true",
+                   help="instead: time a train step of the committed CNN artifact (lowered, plain onnxruntime) "
+                        "against torch's eager step, with ConvGrad's share from onnxruntime's profiler "
+                        "(--target and --runtimes do not apply)")
     # test-only: a tiny workload that exercises the machinery in seconds
     p.add_argument("--shapes", choices=("resnet50", "quick", "tiny"), help=argparse.SUPPRESS)
 
@@ -41,9 +45,27 @@ def run(args: argparse.Namespace) -> int:
         kwargs = {"shapes": bench.RESNET50 if args.shapes == "resnet50" else bench.QUICK}
     if args.json is not None and not (args.json.parent if str(args.json.parent) else Path(".")).is_dir():
         raise OutputPathError(f"{args.json}: directory {args.json.parent} does not exist (checked before timing)")
+    if args.training:
+        return _run_training(args)
     result = bench.run_bench(quick=args.quick, use_torch=not args.no_torch, target=args.target, runtimes=args.runtimes,
                              **kwargs)
     print(bench.markdown(result))
+    if args.json:
+        write_atomic(args.json, (json.dumps(result, indent=2) + "\n").encode())
+    return 0
+
+
+def _run_training(args: argparse.Namespace) -> int:
+    from lowering.bench import training
+    from lowering.modelio import write_atomic
+
+    kwargs = {}
+    if args.shapes == "tiny":
+        kwargs = {"batches": (4,), "reps": 3, "profile_steps": 2, "threads": (1,)}
+    elif args.quick:
+        kwargs = {"batches": (4, 64), "reps": 7}
+    result = training.run_training_bench(use_torch=not args.no_torch, **kwargs)
+    print(training.markdown(result))
     if args.json:
         write_atomic(args.json, (json.dumps(result, indent=2) + "\n").encode())
     return 0

@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 from onnx import TensorProto
 
+from lowering.cli.arguments import positive_int
 from lowering.modelio import load_model, write_atomic
 from lowering.rules import TARGETS
 from opdef.errors import LoweringError, OplowerError, RuntimeFailure
@@ -31,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one array per model input, keyed by input name (np.savez); bf16 arrays as NumPy "
                         "stores ml_dtypes.bfloat16 (2-byte void, '|V2') or as ml_dtypes arrays")
     p.add_argument("--outputs", metavar="OUT.npz", help="write every output here (bf16 as '|V2', like np.savez)")
-    p.add_argument("--threads", type=_positive_int, metavar="N", help="onnxruntime intra-op threads (default: its own)")
+    p.add_argument("--threads", type=positive_int, metavar="N", help="onnxruntime intra-op threads (default: its own)")
     p.add_argument("--check", action="store_true",
                    help="also evaluate the original model with the float64 reference and compare")
     p.add_argument("--onednn-single-output", choices=("spec", "upstream"), default="spec",
@@ -41,16 +42,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="'onnxruntime' (default): tuned for onnxruntime's CPU provider; 'portable': only ops "
                         "every ONNX runtime runs with computed inputs (no Conv/BatchNormalization on computed "
                         "weights or statistics)")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -55,7 +55,8 @@ def _select(target: str | None, dialect: str | None) -> list[OpSchema]:
 
 
 def format_schema(s: OpSchema) -> str:
-    lines = [f"{s.domain}::{s.name} (version {s.version}, dialect {s.dialect})", f"  source: {s.source}"]
+    domain = s.domain or "ai.onnx"  # the default domain has no name of its own
+    lines = [f"{domain}::{s.name} (version {s.version}, dialect {s.dialect})", f"  source: {s.source}"]
     tc = s.type_constraint_map
 
     def arg_line(i, a):

@@ -30,6 +30,11 @@ PORTABLE_OPS = frozenset({
     "ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceProd", "ReduceMax", "ReduceMin",
     "Reshape", "Shape", "Size", "Slice", "Concat", "Gather", "Squeeze", "Unsqueeze", "Transpose", "Expand",
     "ConstantOfShape", "Constant",
+    # For the training gradient ops (checked with runtime data inputs in onnxruntime, OpenVINO, tract and
+    # onnx.reference by tests/test_portable_training.py): Pad whose pads are a constant (zero padding: the
+    # windows of im2col/col2im, lowering/rules/im2col.py); Range over a runtime class count (the class ids of
+    # SoftmaxCrossEntropyLossGrad's one-hot).
+    "Pad", "Range",
 })
 
 # A rule ``key`` lives in ``lowering.rules.<key>`` (a module or subpackage), or in any module of this package

@@ -62,7 +62,7 @@ import docutils.nodes as nodes
 from opdef.errors import SpecError
 from opdef.rst import parse_rst
 from opdef.schema import Argument, Attribute, Constraint, OpSchema, SpecWarning
-from opdef.types import ONNX_ELEM_TYPE, normalize_type
+from opdef.types import ONNX_ELEM_TYPE, is_known_type, normalize_type
 
 DIALECT = "onednn"
 DOMAIN = "onednn"
@@ -678,8 +678,9 @@ def _types_in_cell(entry: nodes.entry, source: str, line: int) -> list[str]:
                                       f"{_fold(entry.astext())!r}")
     types = [normalize_type(t) for t in spelled]
     for written, t in zip(spelled, types, strict=True):
-        if t not in ONNX_ELEM_TYPE:
-            raise SpecError(source, line, f"expected a data type (f32, bf16, f16, s32, s8, u8 ...), got {written!r}")
+        if not is_known_type(t):
+            raise SpecError(source, line, f"expected a data type (f32, bf16, f16, s32, s8, u8 ..., seq(f32)), "
+                                          f"got {written!r}")
     return types
 
 

@@ -1,0 +1,405 @@
+"""``oplower bench --training``: a train step of the committed CNN on plain onnxruntime against torch's eager step.
+
+The onnxruntime side is the committed onnxruntime-training artifact (``tests/fixtures/ort_training/artifacts/
+cnn``), lowered once (:func:`lowering.training.lower_artifacts`): one step = the training model (IOBinding,
+parameters and outputs in caller-owned buffers) + the optimizer model (its inputs are tensor sequences, which
+IOBinding cannot bind from Python, so it is a plain ``run``), parameters, moments and step counter carried.
+The torch side is the same network built in torch (``tools/ort_training/make_artifacts.py``'s ``cnn``), the
+same initial weights (``initial_params.npz``), the same data, CrossEntropyLoss and AdamW with the optimizer
+model's hyperparameters: forward + backward + ``optimizer.step()`` + ``zero_grad()``. Both sides' first-step
+losses are compared once (a sanity check that they compute the same thing), then single steps are timed
+interleaved with busy pauses, as in the rest of ``lowering.bench``.
+
+The artifact's graphs have a static batch (4 at 3x8x8: every activation's declared type says so). A larger
+batch is timed on a copy whose data inputs and activation types are re-declared (:func:`with_batch`); the
+spatial size cannot change the same way (pool gradients and grouped ConvGrad take spatial sizes from the
+declared types), and a different network would need onnxruntime-training to produce its training graph.
+
+ConvGrad's share comes from onnxruntime's profiler: lowered node names start with the training node's name
+they came from, so every kernel's time is charged to that node's op type.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from lowering.modelio import load_model
+from lowering.training import (
+    BUFFER_SUFFIX,
+    LAZY_RESET,
+    OPTIMIZER_MODEL,
+    TRAINING_MODEL,
+    StartingPoint,
+    TrainingModels,
+    initial_parameters,
+    lower_artifacts,
+)
+from opdef.errors import ModelError
+
+CNN_ARTIFACTS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "ort_training" / "artifacts" / "cnn"
+BATCHES = (4, 64, 256)
+FORWARD = "forward (standard ops)"  # nodes that no training op was lowered into
+WARMUP_STEPS = 20  # untimed steps per side first: torch's first eager steps ran 10-30x slow here
+LOSS_RTOL = 1e-4  # first-step losses: f32 on both sides, different kernels and summation orders
+
+
+def with_batch(model: onnx.ModelProto, batch: int, params: set[str]) -> onnx.ModelProto:
+    """A copy of the training model with ``batch`` samples: the data inputs' and the activations' leading dim
+    (those declared with the original batch, parameter gradients excluded) re-declared."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    data = [i for i in graph.input if i.name not in params and not i.name.endswith(BUFFER_SUFFIX)
+            and i.name != LAZY_RESET]
+    old = data[0].type.tensor_type.shape.dim[0].dim_value
+    for value in (*data, *graph.value_info):
+        dims = value.type.tensor_type.shape.dim
+        gradient = any(value.name.startswith(p + "_grad") for p in params)
+        if len(dims) and dims[0].dim_value == old and not gradient:
+            dims[0].dim_value = batch
+    return model
+
+
+def artifacts_at_batch(directory: Path, batch: int, workdir: Path) -> Path:
+    """``directory`` itself at its own batch, else a copy in ``workdir`` re-declared for ``batch``."""
+    training = load_model(directory / TRAINING_MODEL)
+    data = training.graph.input[0].type.tensor_type.shape.dim
+    if data and data[0].dim_value == batch:
+        return directory
+    params = set(np.load(directory / "initial_params.npz").files)
+    target = workdir / f"batch{batch}"
+    target.mkdir()
+    onnx.save(with_batch(training, batch, params), target / TRAINING_MODEL)
+    onnx.save(load_model(directory / OPTIMIZER_MODEL), target / OPTIMIZER_MODEL)
+    return target
+
+
+def adamw_hyperparameters(directory: Path) -> dict:
+    """The optimizer model's AdamWOptimizer attributes, in torch.optim.AdamW's terms (plus ``adam_mode``)."""
+    model = load_model(directory / OPTIMIZER_MODEL)
+    node = next((n for n in model.graph.node if n.op_type == "AdamWOptimizer"), None)
+    if node is None:
+        raise ModelError(f"{directory / OPTIMIZER_MODEL}: no AdamWOptimizer node (the bench times AdamW)")
+    from opdef.registry import load_schemas
+
+    # attributes the node omits take the spec's defaults (specs/com.microsoft/AdamWOptimizer.rst)
+    a = {attr.name: attr.default for attr in load_schemas().schema(node.domain, node.op_type).attributes}
+    a.update({attr.name: onnx.helper.get_attribute_value(attr) for attr in node.attribute})
+    return {"betas": (float(a["alpha"]), float(a["beta"])), "eps": float(a["epsilon"]),
+            "weight_decay": float(a["weight_decay"]), "adam_mode": int(a["adam_mode"])}
+
+
+def learning_rate(directory: Path) -> float:
+    meta = directory / "meta.json"
+    return float(json.loads(meta.read_text())["learning_rate"]) if meta.exists() else 1e-3
+
+
+class OrtTrainStep:
+    """One train step (training model, then optimizer model) on plain onnxruntime, state carried."""
+
+    def __init__(self, models: TrainingModels, start: StartingPoint, data: dict[str, np.ndarray], lr: float,
+                 profile_prefix: str | None = None, threads: int | None = None) -> None:
+        options = ort.SessionOptions()
+        options.log_severity_level = 4
+        options.inter_op_num_threads = 1
+        if threads is not None:
+            options.intra_op_num_threads = threads
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # no spinning: idle workers that spin steal the 2 cores from torch and from the other session
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        providers = ["CPUExecutionProvider"]
+        self.optimizer = ort.InferenceSession(models.optimizer.SerializeToString(), options, providers=providers)
+        if profile_prefix is not None:  # the training model only: the optimizer is timed by the clock (its
+            options.enable_profiling = True  # Loop's many tiny kernels would mostly time the profiler)
+            options.profile_file_prefix = profile_prefix
+        self.training = ort.InferenceSession(models.training.SerializeToString(), options, providers=providers)
+        self.params = [np.array(start.params[p]) for p in models.params]  # updated in place: bound below
+        self.moments = ([np.zeros_like(p) for p in self.params], [np.zeros_like(p) for p in self.params])
+        self.lr = np.array([lr], np.float32)
+        self.step_count = 0
+        outputs = {o.name: o for o in self.training.get_outputs()}
+        self._buffers = [np.zeros_like(p) for p in self.params]
+        self._grads = [np.zeros_like(p) for p in self.params]  # the accumulators' new buffers
+        self._keep = []  # arrays and OrtValues the binding points into
+        binding = self.training.io_binding()
+        self._frozen = {name: np.array(value) for name, value in start.frozen.items()}  # bound below
+        feeds = {**data, **self._frozen, LAZY_RESET: np.array([True])}
+        feeds.update(zip(models.params, self.params, strict=True))
+        feeds.update({p + BUFFER_SUFFIX: b for p, b in zip(models.params, self._buffers, strict=True)})
+        for name, array in feeds.items():
+            value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))  # shares the array's memory
+            self._keep += [array, value]
+            binding.bind_ortvalue_input(name, value)
+        self.loss = np.zeros((), np.float32)
+        bound = {models.loss: self.loss}
+        bound.update({f"{p}{BUFFER_SUFFIX}.updated": g for p, g in zip(models.params, self._grads, strict=True)})
+        # batch norm's running statistics, updated in place (their '<input>.updated' outputs): carried into the
+        # bound frozen inputs after each step, as onnxruntime-training's API (and torch) update them
+        self._running = {f"{name}.updated": np.zeros_like(value) for name, value in self._frozen.items()
+                         if f"{name}.updated" in outputs}
+        bound.update(self._running)
+        for name in outputs:
+            if name not in bound:  # the accumulators' update flags
+                bound[name] = np.zeros([d if isinstance(d, int) else 1 for d in outputs[name].shape], np.bool_)
+        for name, array in bound.items():
+            value = ort.OrtValue.ortvalue_from_numpy(array)
+            self._keep += [array, value]
+            binding.bind_ortvalue_output(name, value)
+        self._binding = binding
+        self._opt_outputs = [o.name for o in self.optimizer.get_outputs()
+                             if o.name in ("params.updated", "first_order_moments.updated",
+                                           "second_order_moments.updated")]
+
+    def __call__(self) -> float:
+        self.train_part()
+        self.optimizer_part()
+        return float(self.loss)
+
+    def train_part(self) -> None:
+        self.training.run_with_iobinding(self._binding)
+        for name, value in self._running.items():
+            np.copyto(self._frozen[name.removesuffix(".updated")], value)
+
+    def optimizer_part(self) -> None:
+        self.step_count += 1
+        feeds = {"learning_rate": self.lr, "step": np.array([self.step_count], np.int64), "params": self.params,
+                 "gradients": self._grads, "first_order_moments": self.moments[0],
+                 "second_order_moments": self.moments[1]}
+        updated = dict(zip(self._opt_outputs, self.optimizer.run(self._opt_outputs, feeds), strict=True))
+        for param, new in zip(self.params, updated["params.updated"], strict=True):
+            np.copyto(param, new)  # the training binding reads these arrays
+        self.moments = (updated["first_order_moments.updated"], updated["second_order_moments.updated"])
+
+    def end_profiling(self) -> Path:
+        return Path(self.training.end_profiling())
+
+
+def torch_cnn(torch):
+    """``tools/ort_training/make_artifacts.py``'s ``cnn`` (the committed artifact's network; meta.json)."""
+    nn = torch.nn
+
+    class Residual(nn.Module):
+        def __init__(self, channels: int):
+            super().__init__()
+            self.conv = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+            self.bn = nn.BatchNorm2d(channels)
+
+        def forward(self, x):
+            return torch.relu(self.bn(self.conv(x))) + x
+
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(3, stride=1, padding=1),
+        Residual(8), nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1, groups=2), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False),
+        nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+
+def torch_train_step(torch, initial: dict[str, np.ndarray], data: dict[str, np.ndarray], lr: float,
+                     hyper: dict) -> Callable[[], object]:
+    """torch's eager train step of :func:`torch_cnn` from ``initial``; each call returns its loss (a tensor)."""
+    model = torch_cnn(torch)
+    state = model.state_dict()
+    # every parameter and running statistic of the artifact, and nothing else (num_batches_tracked stays)
+    expected = {k for k in state if not k.endswith("num_batches_tracked")}
+    if expected != set(initial):
+        raise ModelError(f"torch's cnn does not match initial_params.npz: {sorted(expected ^ set(initial))[:3]}")
+    model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in initial.items()}, strict=False)
+    model.train()
+    # adam_mode 1 (Hugging Face's AdamW) adds epsilon to the uncorrected root of the second moment, torch to
+    # the corrected one: the updates differ by epsilon's scale only, the work timed is the same
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=hyper["betas"], eps=hyper["eps"],
+                                  weight_decay=hyper["weight_decay"])
+    loss_fn = torch.nn.CrossEntropyLoss()
+    x, labels = torch.from_numpy(data["input"]), torch.from_numpy(data["labels"].astype(np.int64))
+
+    def step():
+        loss = loss_fn(model(x), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss.detach()
+
+    return step
+
+
+def batch_data(directory: Path, batch: int) -> dict[str, np.ndarray]:
+    """The artifact's own data at its batch; otherwise seeded random data of the same kind."""
+    data = dict(np.load(directory / "data.npz"))
+    if data["input"].shape[0] == batch:
+        return data
+    rng = np.random.default_rng(batch)
+    classes = 4  # the cnn's Linear(8, 4)
+    return {"input": rng.standard_normal((batch, *data["input"].shape[1:]), dtype=np.float32),
+            "labels": rng.integers(0, classes, batch).astype(data["labels"].dtype)}
+
+
+def origins(model: onnx.ModelProto, lowered: onnx.ModelProto) -> dict[str, str]:
+    """Name -> op type of every node of ``model`` that the lowering replaced (its name is gone from ``lowered``;
+    the nodes emitted for it carry it as their prefix)."""
+    kept = {n.name for n in lowered.graph.node}
+    return {n.name: n.op_type for n in model.graph.node if n.name and n.name not in kept}
+
+
+def profile_shares(path: Path, training_origins: dict[str, str], steps: int) -> dict:
+    """The training model's kernel time per step by origin op type (``FORWARD`` for the model's own standard
+    nodes), each origin's time split by lowered op type; ``share`` is of the training model's kernel time."""
+    names = sorted(training_origins, key=len, reverse=True)
+    groups: dict[str, dict[str, float]] = {}
+    for event in json.loads(path.read_text()):
+        if event.get("cat") != "Node" or not event.get("name", "").endswith("_kernel_time"):
+            continue
+        node = event["name"][: -len("_kernel_time")]
+        origin = next((training_origins[o] for o in names if node.startswith(o + "/")), FORWARD)
+        op = event.get("args", {}).get("op_name", "?")
+        groups.setdefault(origin, {}).setdefault(op, 0.0)
+        groups[origin][op] += event["dur"] / 1e3 / steps
+    total = sum(sum(g.values()) for g in groups.values())
+    rows = [{"origin": origin, "ms": sum(ops.values()), "share": sum(ops.values()) / total if total else 0.0,
+             "ops": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
+            for origin, ops in groups.items()]
+    return {"kernel_ms": total, "rows": sorted(rows, key=lambda r: -r["ms"])}
+
+
+def profile(models: TrainingModels, start: StartingPoint, data: dict, lr: float, training_origins: dict[str, str],
+            steps: int, workdir: Path, threads: int | None = None) -> dict:
+    """Kernel times by origin (profiled steps), and the two models' wall-clock times per step (unprofiled)."""
+    workdir.mkdir(parents=True)
+    profiled = OrtTrainStep(models, start, data, lr, profile_prefix=str(workdir / "training"), threads=threads)
+    for _ in range(steps):
+        profiled()
+    result = profile_shares(profiled.end_profiling(), training_origins, steps)
+    plain = OrtTrainStep(models, start, data, lr, threads=threads)
+    parts: dict[str, list[float]] = {"training_ms": [], "optimizer_ms": []}
+    for k in range(WARMUP_STEPS + steps):
+        for key, part in (("training_ms", plain.train_part), ("optimizer_ms", plain.optimizer_part)):
+            t0 = time.perf_counter()
+            part()
+            if k >= WARMUP_STEPS:
+                parts[key].append(time.perf_counter() - t0)
+    result.update({key: statistics.median(times) * 1e3 for key, times in parts.items()})
+    conv = next((r["share"] for r in result["rows"] if r["origin"] == "ConvGrad"), 0.0)
+    # ConvGrad's share of the whole step: of the training model's kernels, times the training model's part
+    result["conv_grad_share_of_step"] = conv * result["training_ms"] / (result["training_ms"] + result["optimizer_ms"])
+    return result
+
+
+def time_training(directory: Path, batch: int, reps: int, torch, workdir: Path,
+                  progress: Callable[[str], None], profile_steps: int = 20, threads: int = 1) -> dict:
+    """One row: ``threads`` intra-op threads on both sides (onnxruntime's pool, torch.set_num_threads)."""
+    from lowering.bench import _interleaved, _median_ms
+
+    source = artifacts_at_batch(directory, batch, workdir)
+    models = lower_artifacts(source)
+    initial = dict(np.load(directory / "initial_params.npz"))
+    start = initial_parameters(directory, models, initial, source=str(directory / "initial_params.npz"))
+    data = batch_data(directory, batch)
+    lr = learning_rate(directory)
+    ort_step = OrtTrainStep(models, start, data, lr, threads=threads)
+    runners: dict[str, Callable[[], object]] = {"ort": ort_step}
+    row: dict = {"threads": threads, "batch": batch, "input": list(data["input"].shape),
+                 "redeclared": source != directory,
+                 "lowered_nodes": len(models.training.graph.node), "ms": None, "torch_ms": None, "vs_torch": None,
+                 "loss_ort": None, "loss_torch": None, "loss_rel_diff": None, "losses_agree": None}
+    row["loss_ort"] = ort_step()  # the first step, from the initial parameters
+    if torch is not None:
+        torch.set_num_threads(threads)
+        torch_step = torch_train_step(torch, initial, data, lr, adamw_hyperparameters(directory))
+        row["loss_torch"] = float(torch_step())
+        row["loss_rel_diff"] = abs(row["loss_ort"] - row["loss_torch"]) / abs(row["loss_torch"])
+        runners["torch"] = torch_step
+        row["losses_agree"] = row["loss_rel_diff"] <= LOSS_RTOL
+        verdict = "agree" if row["losses_agree"] else f"DISAGREE (beyond {LOSS_RTOL:g})"
+        progress(f"    first-step loss: onnxruntime {row['loss_ort']:.7f}, torch {row['loss_torch']:.7f} "
+                 f"(relative difference {row['loss_rel_diff']:.1e}: {verdict})")
+    for _ in range(WARMUP_STEPS):
+        for fn in runners.values():
+            fn()
+    times = _interleaved(runners, reps)
+    row["ms"] = _median_ms(times["ort"])
+    if "torch" in times:
+        row["torch_ms"] = _median_ms(times["torch"])
+        row["vs_torch"] = row["ms"] / row["torch_ms"]
+    raw = load_model(source / TRAINING_MODEL)
+    row["profile"] = profile(models, start, data, lr, origins(raw, models.training), profile_steps,
+                             workdir / "profile", threads)
+    return row
+
+
+def conv_grad_formulation() -> str:
+    """How ConvGrad is lowered: the first sentence of each output's bullet in the rule's docstring."""
+    from lowering.rules import conv_grad
+
+    text = " ".join(line.strip() for line in (conv_grad.__doc__ or "").splitlines())
+    bullets = [part for part in text.split(" - ") if part.startswith("``d")]
+    return " ".join(b.split("; ")[0].split(". ")[0].rstrip(".").replace("``", "") + "." for b in bullets)
+
+
+def run_training_bench(*, batches: tuple[int, ...] = BATCHES, reps: int = 15, use_torch: bool = True,
+                       threads: tuple[int, ...] | None = None, directory: Path = CNN_ARTIFACTS,
+                       profile_steps: int = 20,
+                       progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
+    """Every batch at each thread count (default: 1 and every core; on a shared 2-core VM the one-thread rows
+    are the ones other processes disturb least: torch's OpenMP regions wait for their slowest thread)."""
+    from lowering.bench import _torch, keep_freed_memory, machine
+
+    if not (directory / TRAINING_MODEL).exists():
+        raise ModelError(f"{directory}: no {TRAINING_MODEL} (the bench needs the committed CNN artifacts of "
+                         "tests/fixtures/ort_training, i.e. a source checkout)")
+    cores = max(1, machine()["cores"] or 1)
+    threads = threads or tuple(sorted({1, cores}))
+    torch = _torch() if use_torch else None
+    if torch is not None:
+        keep_freed_memory()
+    rows = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for count in threads:
+            for batch in batches:
+                progress(f"[training] cnn train step, batch {batch}, {count} thread{'s' * (count > 1)}")
+                sub = Path(workdir) / f"run{count}_{batch}"
+                sub.mkdir()
+                row = time_training(directory, batch, reps, torch, sub, progress, profile_steps, count)
+                extra = f", torch {row['torch_ms']:.2f} ms ({row['vs_torch']:.2f}x)" if row["torch_ms"] else ""
+                progress(f"    {row['ms']:.2f} ms{extra}")
+                rows.append(row)
+    return {"machine": machine(), "torch": getattr(torch, "__version__", None), "reps": reps,
+            "artifact": directory.name, "conv_grad_formulation": conv_grad_formulation(), "steps": rows}
+
+
+def markdown(result: dict) -> str:
+    m = result["machine"]
+    lines = [f"Machine: {m['cpu']}, {m['cores']} cores; onnxruntime {m['onnxruntime']}; torch "
+             f"{result['torch'] or 'not installed'}; one train step of the committed `{result['artifact']}` "
+             "artifact (training + optimizer model, lowered) against torch eager (forward, backward, AdamW step, "
+             f"zero_grad); median of {result['reps']} steps, interleaved.", "",
+             "| threads | batch | input | ms | training + optimizer ms | torch ms | × torch | first-step loss "
+             "(ort / torch) | ConvGrad share |", "|---:|---:|---|---:|---|---:|---:|---|---:|"]
+    for r in result["steps"]:
+        p = r["profile"]
+        t_ms = f"{r['torch_ms']:.2f}" if r["torch_ms"] else "–"
+        t_x = f"{r['vs_torch']:.2f}" if r["vs_torch"] else "–"
+        torch_loss = f"{r['loss_torch']:.6f}" if r["loss_torch"] is not None else "–"
+        shape = "×".join(map(str, r["input"])) + (" (re-declared)" if r["redeclared"] else "")
+        lines.append(f"| {r['threads']} | {r['batch']} | {shape} | {r['ms']:.2f} | "
+                     f"{p['training_ms']:.2f} + {p['optimizer_ms']:.2f} | "
+                     f"{t_ms} | {t_x} | {r['loss_ort']:.6f} / {torch_loss} | {p['conv_grad_share_of_step']:.0%} |")
+    for r in result["steps"]:
+        p = r["profile"]
+        lines += ["", f"Training model, batch {r['batch']}, {r['threads']} thread(s), {r['lowered_nodes']} "
+                  "lowered nodes (onnxruntime's "
+                  "profiler: kernel ms per step by the training op each lowered node came from; "
+                  f"{p['kernel_ms']:.2f} ms in all):",
+                  "", "| from | ms | share | top lowered ops (ms) |", "|---|---:|---:|---|"]
+        for g in p["rows"]:
+            top = ", ".join(f"{op} {ms:.3f}" for op, ms in list(g["ops"].items())[:4])
+            lines.append(f"| {g['origin']} | {g['ms']:.3f} | {g['share']:.0%} | {top} |")
+    lines += ["", f"ConvGrad formulation: {result['conv_grad_formulation']}"]
+    return "\n".join(lines)

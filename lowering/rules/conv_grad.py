@@ -1,0 +1,211 @@
+"""Lowering of onnxruntime-training's ``ConvGrad`` (``specs/com.microsoft/ConvGrad.rst``).
+
+- ``dX``: ConvTranspose of dY with the forward kernels (same group, strides, dilations and pads); the
+  ``output_padding`` that the strides' floor division dropped is restored, so dX gets X's spatial shape.
+- ``dW``: one Conv that correlates X with dY. With X viewed as [C/group, group*N, D...] (batch and
+  channel swapped, each group's samples as its own channels) and dY as [M, N, O...], a Conv with the same
+  ``group``, strides = the forward dilations, dilations = the forward strides and the forward pads yields
+  [C/group, M, K'...]; K' >= K, the surplus (taps that only ever see the padding's tail) is sliced off,
+  then it is transposed to W's [M, C/group, K...]. Grouped, the view needs X's spatial dims static.
+- ``dB``: ReduceSum of dY over every axis but 1.
+
+f16 and f64 are computed in f32 (cast once, rounded once): onnxruntime's CPU provider has no f64 Conv or
+ConvTranspose, and not every build has f16 ones.
+
+The portable target (no Conv/ConvTranspose whose weights are runtime tensors) uses the im2col form of
+:mod:`lowering.rules.im2col`: with ``cols`` = [N, C, K, O...] (what each of the K kernel offsets reads) viewed
+per group as [g, N*O, C/g*K] and dY as [g, M/g, N*O], dW is one batched MatMul; dX is the col2im of W^T
+times dY. It needs X's spatial dims static (the slices are static). f16 computes in f32, f64 in f64.
+"""
+
+from __future__ import annotations
+
+import math
+
+from onnx import TensorProto
+
+from lowering.builder import NodeBuilder
+from lowering.emit_common import Emitter, compute_type
+from lowering.rules import TARGETS, LoweringRequest, register_rule
+from lowering.rules.elementwise_grad import input_elem
+from lowering.rules.im2col import Windows, col2im, im2col
+from opdef.errors import LoweringError
+from opdef.rules.conv_grad import ConvParameters, ParameterError, conv_parameters
+
+
+def _fail(request: LoweringRequest, problem: str) -> LoweringError:
+    i = request.inference
+    return LoweringError(f"{i.domain} {i.op_type} '{i.node_name}': {problem}")
+
+
+def _shape(request: LoweringRequest, name: str):
+    t = request.inference.input_types[request.inference.schema.input_index(name)]
+    return None if t is None else t.shape
+
+
+@register_rule("conv_grad", targets=TARGETS)
+def lower_conv_grad(b: NodeBuilder, request: LoweringRequest) -> None:
+    dx_out, dw_out, db_out = request.output("dX"), request.output("dW"), request.output("dB")
+    if dx_out is None and dw_out is None and db_out is None:
+        return
+    io = input_elem(request, "dY")
+    x_shape, w_shape = _shape(request, "X"), _shape(request, "W")
+    rank = request.inference.rank
+    if rank is None or w_shape is None or not all(isinstance(d, int) for d in w_shape):
+        raise _fail(request, "ConvGrad needs W's shape static to be lowered "
+                             f"(W {w_shape if w_shape is not None else 'of unknown shape'})")
+    spatial = rank - 2
+    try:
+        params = conv_parameters(request.inference.attributes, spatial, w_shape[2:])
+    except ParameterError as exc:
+        raise _fail(request, str(exc)) from None
+    portable = request.options.target == "portable"
+    e = Emitter(b, compute_type(io) if portable else TensorProto.FLOAT)
+    dy = e.up(request.input("dY"), io)
+    if db_out is not None:
+        _final(e, db_out, io, lambda target: e.reduce("ReduceSum", dy, (0, *range(2, rank)), keepdims=0,
+                                                      output=target))
+    if portable:
+        if dx_out is not None or dw_out is not None:
+            _portable_gradients(e, request, params, dy, x_shape, w_shape, dx_out, dw_out, io)
+        return
+    if dx_out is not None:
+        _input_gradient(e, request, params, dy, x_shape, w_shape, dx_out, io)
+    if dw_out is not None:
+        _kernel_gradient(e, request, params, dy, x_shape, w_shape, dw_out, io)
+
+
+def _final(e: Emitter, out: str, io: int, emit) -> None:
+    """``emit(target)`` writes the result: straight into ``out``, or into a fresh value cast to it once."""
+    if io == e.ct:
+        emit(out)
+    else:
+        e.b.op1("Cast", [emit(None)], out, to=io)
+
+
+def _input_gradient(e: Emitter, request: LoweringRequest, params: ConvParameters, dy: str, x_shape, w_shape,
+                    out: str, io: int) -> None:
+    spatial = len(w_shape) - 2
+    w = e.up(request.input("W"), io)
+    output_padding = []
+    for a in range(spatial):
+        size = None if x_shape is None else x_shape[a + 2]
+        span = params.dilations[a] * (w_shape[a + 2] - 1) + 1
+        if not isinstance(size, int):
+            if params.strides[a] == 1:  # nothing can be dropped by the floor division
+                output_padding.append(0)
+                continue
+            raise _fail(request, f"dX needs X's spatial size on axis {a + 2} with stride {params.strides[a]} "
+                                 f"(X {list(x_shape) if x_shape is not None else 'of unknown shape'})")
+        output_padding.append((size + params.pads[a] + params.pads[a + spatial] - span) % params.strides[a])
+    attrs = {"group": params.group, "strides": list(params.strides), "dilations": list(params.dilations),
+             "pads": list(params.pads), "kernel_shape": list(w_shape[2:])}
+    if any(output_padding):
+        attrs["output_padding"] = output_padding
+    _final(e, out, io, lambda target: e.b.op1("ConvTranspose", [dy, w], target, **attrs))
+
+
+def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameters, dy: str, x_shape, w_shape,
+                     out: str, io: int) -> None:
+    b = e.b
+    spatial = len(w_shape) - 2
+    group = params.group
+    per_group = w_shape[1]
+    x = e.up(request.input("X"), io)
+    swap = [1, 0, *range(2, spatial + 2)]
+    if group == 1:
+        x_view = b.op1("Transpose", [x], perm=swap)  # [C, N, D...]
+    else:
+        dims = None if x_shape is None else x_shape[2:]
+        if dims is None or not all(isinstance(d, int) for d in dims):
+            raise _fail(request, f"dW with group {group} needs X's spatial dims static "
+                                 f"(X {list(x_shape) if x_shape is not None else 'of unknown shape'})")
+        grouped = b.op1("Reshape", [x, e.ints([-1, group, per_group, *dims])])
+        moved = b.op1("Transpose", [grouped], perm=[2, 1, 0, *range(3, spatial + 3)])  # [C/g, g, N, D...]
+        x_view = b.op1("Reshape", [moved, e.ints([per_group, -1, *dims])])
+    dy_view = b.op1("Transpose", [dy], perm=swap)  # [M, N, O...]
+    correlated = b.op1("Conv", [x_view, dy_view], group=group, strides=list(params.dilations),
+                       dilations=list(params.strides), pads=list(params.pads))  # [C/g, M, K'...]
+    kernel = list(w_shape[2:])
+    if x_shape is not None and all(isinstance(d, int) for d in x_shape[2:]):
+        surplus = []
+        for a in range(spatial):
+            size, stride = x_shape[a + 2], params.strides[a]
+            out_size = params.output_size(a, size, kernel[a])
+            reach = size + params.pads[a] + params.pads[a + spatial] - (out_size - 1) * stride - 1
+            surplus.append(reach // params.dilations[a] + 1 != kernel[a])
+        needs_slice = any(surplus)
+    else:
+        needs_slice = True  # unknown sizes: always cut to the kernel (a no-op when it already fits)
+    if needs_slice:
+        axes = list(range(2, spatial + 2))
+        correlated = b.op1("Slice", [correlated, e.ints([0] * spatial, "starts"), e.ints(kernel, "ends"),
+                                     e.ints(axes, "axes")])
+    _final(e, out, io, lambda target: b.op1("Transpose", [correlated], target, perm=swap))
+
+
+def _portable_gradients(e: Emitter, request: LoweringRequest, params: ConvParameters, dy: str, x_shape, w_shape,
+                        dx_out: str | None, dw_out: str | None, io: int) -> None:
+    """dX and dW with Pad/Slice/Concat/Reshape/Transpose/MatMul only (the module docstring's im2col form)."""
+    b = e.b
+    spatial = len(w_shape) - 2
+    rank = spatial + 2
+    if x_shape is None or not all(isinstance(d, int) for d in x_shape[2:]):
+        raise _fail(request, "the portable lowering needs X's spatial dims static (its windows are static "
+                             f"slices); X {list(x_shape) if x_shape is not None else 'of unknown shape'}")
+    sizes = tuple(x_shape[2:])
+    kernel = tuple(w_shape[2:])
+    outputs = tuple(params.output_size(a, sizes[a], kernel[a]) for a in range(spatial))
+    if min(outputs) < 1:
+        raise _fail(request, f"the kernel {list(kernel)} does not fit X's padded spatial dims {list(sizes)}")
+    windows = Windows(sizes, kernel, tuple(params.strides), tuple(params.dilations), tuple(params.pads), outputs)
+    group, per_group, m = params.group, w_shape[1], w_shape[0]
+    channels, k, p = group * per_group, math.prod(kernel), math.prod(outputs)
+    if per_group == 1 and m == group:
+        _portable_depthwise(e, request, windows, dy, w_shape, dx_out, dw_out, io)
+        return
+    dy_groups = b.op1("Reshape", [dy, e.ints([-1, group, m // group, p], "dy_groups")])  # [N, g, M/g, P]
+    if dw_out is not None:
+        cols = im2col(e, e.up(request.input("X"), io), rank, windows)  # [N, C, K, O...]
+        cols = b.op1("Reshape", [cols, e.ints([-1, group, per_group * k, p], "col_groups")])
+        cols = b.op1("Transpose", [cols], perm=[1, 0, 3, 2])  # [g, N, P, C/g*K]
+        cols = b.op1("Reshape", [cols, e.ints([group, -1, per_group * k], "col_rows")])
+        dy_rows = b.op1("Transpose", [dy_groups], perm=[1, 2, 0, 3])  # [g, M/g, N, P]
+        dy_rows = b.op1("Reshape", [dy_rows, e.ints([group, m // group, -1], "dy_rows")])
+        product = b.op1("MatMul", [dy_rows, cols])  # [g, M/g, C/g*K]: summed over N and the positions
+        _final(e, dw_out, io, lambda target: b.op1("Reshape", [product, e.ints(list(w_shape), "w_shape")], target))
+    if dx_out is not None:
+        # offsets first, so each offset's piece is one contiguous Gather: W as [K, 1, g, C/g, M/g] times dY's
+        # [N, g, M/g, P] (MatMul broadcasts the batch axes) is [K, N, g, C/g, P]
+        w = b.op1("Reshape", [e.up(request.input("W"), io), e.ints([group, m // group, per_group, k], "w_groups")])
+        w_t = b.op1("Reshape", [b.op1("Transpose", [w], perm=[3, 0, 2, 1]),
+                                e.ints([k, 1, group, per_group, m // group], "w_offsets")])
+        dcols = b.op1("Reshape", [b.op1("MatMul", [w_t, dy_groups]), e.ints([k, -1, channels, *outputs], "dcols")])
+        _final(e, dx_out, io, lambda target: col2im(e, _offset_of(e, dcols), rank, windows, output=target))
+
+
+def _offset_of(e: Emitter, dcols: str):
+    """The pieces of col2im: offset i's [N, C, O...] of the [K, N, C, O...] columns."""
+    return lambda i: e.b.op1("Gather", [dcols, e.ints(i, "offset")], axis=0)
+
+
+def _portable_depthwise(e: Emitter, request: LoweringRequest, windows: Windows, dy: str, w_shape,
+                        dx_out: str | None, dw_out: str | None, io: int) -> None:
+    """Depthwise (one input and one output channel per group): the per-group products are 1-wide, so Mul and
+    ReduceSum replace the batched MatMuls (which would run C products of width 1)."""
+    b = e.b
+    rank = windows.rank + 2
+    channels, k, p = w_shape[0], math.prod(windows.kernel), math.prod(windows.outputs)
+    dy_planes = b.op1("Reshape", [dy, e.ints([-1, channels, 1, p], "dy_planes")])  # [N, C, 1, P]
+    dy_flat = b.op1("Reshape", [dy, e.ints([-1, channels, p], "dy_flat")])  # [N, C, P]
+    if dw_out is not None:
+        cols = im2col(e, e.up(request.input("X"), io), rank, windows)  # [N, C, K, O...]
+        cols = b.op1("Reshape", [cols, e.ints([-1, channels, k, p], "cols")])
+        product = e.reduce("ReduceSum", b.op1("Mul", [cols, dy_planes]), (0, 3), keepdims=0)  # [C, K]
+        _final(e, dw_out, io, lambda target: b.op1("Reshape", [product, e.ints(list(w_shape), "w_shape")], target))
+    if dx_out is not None:
+        w = b.op1("Reshape", [e.up(request.input("W"), io), e.ints([channels, k], "w_columns")])
+        w = b.op1("Reshape", [b.op1("Transpose", [w], perm=[1, 0]), e.ints([k, 1, channels, 1], "w_offsets")])
+        dcols = b.op1("Reshape", [b.op1("Mul", [w, dy_flat]), e.ints([k, -1, channels, *windows.outputs],
+                                                                      "dcols")])  # [K, N, C, O...]
+        _final(e, dx_out, io, lambda target: col2im(e, _offset_of(e, dcols), rank, windows, output=target))

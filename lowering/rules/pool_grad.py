@@ -1,0 +1,216 @@
+"""Lowering of onnxruntime-training's default-domain ``MaxPoolGrad`` and ``AveragePoolGrad``
+(``specs/onnx.training/``). dX's spatial dims come from the type the graph declares for dX (as in
+onnxruntime's kernels); its batch and channel dims from dY at run time.
+
+MaxPoolGrad adds every dY element at its flat index. From opset 16 that is one ScatterElements with
+``reduction="add"``. Below 16 ScatterElements can only overwrite, so the outputs are split into groups whose
+windows cannot overlap (output positions ``g = ceil(window span / stride)`` apart on every spatial axis, taken
+as strided Slices): within a group no index repeats, and each group is added by ``ScatterElements(data,
+idx, GatherElements(data, idx) + dY)``. That needs the window geometry (kernel_shape); without it the
+node needs opset 16.
+
+AveragePoolGrad: dY times a constant map of 1/n per output position (n from count_include_pad and the
+window's part inside the input), spread over the windows by a ConvTranspose with a kernel of ones on the
+[N*C, 1, O...] view; pads / output_padding crop it to dX's spatial shape. It computes in f32 (f16 and f64
+cast once and rounded once): onnxruntime's CPU provider has no f64 ConvTranspose.
+
+The portable target (no ScatterElements with its opset-dependent reduction, no ConvTranspose with a runtime
+input) spreads values back with :func:`lowering.rules.im2col.col2im`, which needs dY's spatial dims and the
+kernel_shape static. MaxPoolGrad: the index's position inside its sample's plane (``Indices - (Indices /
+plane) * plane``, integer division) compared with each kernel offset's input position for every output
+position (a constant [K, O...] map, -1 in the padding) is a one-hot over the offsets: ``Where(onehot, dY, 0)``
+is the per-offset piece. AveragePoolGrad: every offset's piece is dY times the 1/n map. Computed in f32 (f64
+in f64), rounded once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+
+import numpy as np
+from onnx import TensorProto
+
+from lowering.builder import NodeBuilder
+from lowering.emit_common import Emitter, compute_type
+from lowering.rules import TARGETS, LoweringRequest, register_rule
+from lowering.rules.elementwise_grad import input_elem
+from lowering.rules.im2col import Windows, col2im
+from opdef.errors import LoweringError
+from opdef.rules.pool_grad import PoolParameters, pool_parameters
+
+SUMMING_SCATTER_SINCE = 16  # ScatterElements' reduction attribute
+_INT64_MAX = 2**63 - 1
+
+
+def _fail(request: LoweringRequest, problem: str) -> LoweringError:
+    i = request.inference
+    return LoweringError(f"{i.op_type} '{i.node_name}': {problem}")
+
+
+def _geometry(request: LoweringRequest) -> tuple[list[int], tuple | None, PoolParameters]:
+    """(dX's static spatial dims, dY's shape, the attributes)."""
+    inference = request.inference
+    dy_type = inference.input_types[0]
+    dx_type = inference.output_types[0]
+    dx_shape = None if dx_type is None else dx_type.shape
+    if dx_shape is None or len(dx_shape) < 3 or not all(isinstance(d, int) for d in dx_shape[2:]):
+        shown = "unknown" if dx_shape is None else "[" + ",".join("?" if d is None else str(d) for d in dx_shape) + "]"
+        raise _fail(request, f"the graph must declare dX's spatial dims (declared: {shown}); like onnxruntime's "
+                             "kernel, the lowering reads the forward input's size from there")
+    try:
+        params = pool_parameters(inference.attributes, len(dx_shape) - 2)
+    except ValueError as exc:
+        raise _fail(request, str(exc)) from None
+    return list(dx_shape[2:]), None if dy_type is None else dy_type.shape, params
+
+
+def _full_shape(e: Emitter, dy: str, spatial: list[int]) -> str:
+    """[N, C, D...]: N and C from dY at run time."""
+    b = e.b
+    batch_channels = b.op1("Slice", [b.op1("Shape", [dy]), e.ints([0], "starts"), e.ints([2], "ends")])
+    return b.op1("Concat", [batch_channels, e.ints(spatial, "spatial")], axis=0)
+
+
+@register_rule("max_pool_grad", targets=TARGETS)
+def lower_max_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
+    out = request.output("dX")
+    if out is None:
+        return
+    io = input_elem(request, "dY")
+    spatial, dy_shape, params = _geometry(request)
+    e = Emitter(b, compute_type(io))
+    dy = e.up(request.input("dY"), io)
+    indices = request.input("Indices")
+    if request.options.target == "portable":
+        windows = _windows(request, spatial, dy_shape, params)
+        plane = e.ints(math.prod(spatial), "plane")
+        within = b.op1("Sub", [indices, b.op1("Mul", [b.op1("Div", [indices, plane]), plane])])
+        positions = windows.input_positions()  # [K, O...]
+
+        def piece(i: int) -> str:  # dY where offset i holds the window's maximum, else 0
+            onehot = b.op1("Equal", [within, b.const(positions[i], hint="positions")])
+            return b.op1("Where", [onehot, dy, e.scalar(0.0, "zero")])
+
+        _spread(e, piece, len(spatial) + 2, windows, out, io)
+        return
+    shape = _full_shape(e, dy, spatial)
+    flat = e.ints([-1], "flat")
+    data = b.op1("Reshape", [b.op1("Expand", [e.scalar(0.0, "zero"), shape]), flat])
+    if b.opset >= SUMMING_SCATTER_SINCE:
+        data = b.op1("ScatterElements", [data, b.op1("Reshape", [indices, flat]), b.op1("Reshape", [dy, flat])],
+                     axis=0, reduction="add")
+    else:
+        for steps, residue in _groups(request, params, dy_shape, len(spatial)):
+            axes = list(range(2, 2 + len(spatial)))
+            def part(name: str, residue=residue, steps=steps, axes=axes) -> str:
+                if not any(s > 1 for s in steps):
+                    return b.op1("Reshape", [name, flat])
+                sliced = b.op1("Slice", [name, e.ints(list(residue), "starts"),
+                                         e.ints([_INT64_MAX] * len(axes), "ends"), e.ints(axes, "axes"),
+                                         e.ints(list(steps), "steps")])
+                return b.op1("Reshape", [sliced, flat])
+            idx = part(indices)
+            data = b.op1("ScatterElements", [data, idx, b.op1("Add", [b.op1("GatherElements", [data, idx], axis=0),
+                                                                      part(dy)])], axis=0)
+    e.finish("Reshape", [data, shape], out, io)
+
+
+def _groups(request: LoweringRequest, params: PoolParameters, dy_shape, spatial: int):
+    """(steps, residue) per group of outputs whose windows do not overlap."""
+    if params.kernel_shape is None:
+        raise _fail(request, f"the model's default opset is below {SUMMING_SCATTER_SINCE} and the node has no "
+                             "kernel_shape: adding the gradients needs ScatterElements with reduction='add' "
+                             f"(opset {SUMMING_SCATTER_SINCE}) or the window geometry")
+    steps = []
+    for a in range(spatial):
+        span = params.dilations[a] * (params.kernel_shape[a] - 1) + 1
+        steps.append(math.ceil(span / params.strides[a]))
+    sizes = [None if dy_shape is None else dy_shape[2 + a] for a in range(spatial)]
+    ranges = [range(min(s, n) if isinstance(n, int) else s) for s, n in zip(steps, sizes, strict=True)]
+    for residue in itertools.product(*ranges):
+        yield tuple(steps), residue
+
+
+@register_rule("average_pool_grad", targets=TARGETS)
+def lower_average_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
+    out = request.output("dX")
+    if out is None:
+        return
+    io = input_elem(request, "dY")
+    spatial, dy_shape, params = _geometry(request)
+    k = len(spatial)
+    if params.kernel_shape is None:
+        raise _fail(request, "kernel_shape is missing")
+    outputs = [dy_shape[2 + a] if dy_shape is not None and isinstance(dy_shape[2 + a], int) else None
+               for a in range(k)]
+    if None in outputs:
+        raise _fail(request, f"dY's spatial dims must be static (dY {list(dy_shape) if dy_shape else 'unknown'})")
+    kernel, strides, pads = params.kernel_shape, params.strides, params.pads
+    for a in range(k):  # C2: dY must be the forward output of dX's shape (either rounding)
+        reach = spatial[a] + pads[a] + pads[a + k] - kernel[a]
+        floor_size = reach // strides[a] + 1
+        ceil_size = -(-reach // strides[a]) + 1
+        if (ceil_size - 1) * strides[a] >= spatial[a] + pads[a]:  # a last window starting in the end padding
+            ceil_size -= 1
+        if reach < 0 or outputs[a] not in (floor_size, ceil_size):
+            raise _fail(request, f"dY has {outputs[a]} positions on axis {a + 2}; the forward output of dX's "
+                                 f"{spatial[a]} with kernel {kernel[a]}, stride {strides[a]} and pads "
+                                 f"{pads[a]}+{pads[a + k]} has {floor_size} (or {ceil_size} with ceil_mode)")
+    portable = request.options.target == "portable"
+    # onnxruntime has no f64 ConvTranspose: f64 is computed in f32 too, unless portable
+    e = Emitter(b, compute_type(io) if portable else TensorProto.FLOAT)
+    dy = e.up(request.input("dY"), io)
+    weights = _inverse_counts(spatial, outputs, params)
+    scaled = b.op1("Mul", [dy, b.const(weights.reshape((1, 1, *outputs)).astype(e.np_ct), hint="inv_count")])
+    if portable:
+        windows = Windows(tuple(spatial), tuple(kernel), tuple(strides), (1,) * k, tuple(pads), tuple(outputs))
+        _spread(e, lambda i: scaled, k + 2, windows, out, io)
+        return
+    view = b.op1("Reshape", [scaled, e.ints([-1, 1, *outputs], "plane_view")])
+    ends, output_padding = [], []
+    for a in range(k):
+        end = (outputs[a] - 1) * strides[a] + kernel[a] - pads[a] - spatial[a]  # what the windows reach past dX
+        ends.append(max(end, 0))
+        output_padding.append(max(-end, 0))  # a tail no window reaches (< stride)
+    attrs = {"strides": list(strides), "pads": list(pads[:k]) + ends, "kernel_shape": list(kernel)}
+    if any(output_padding):
+        attrs["output_padding"] = output_padding
+    ones = b.const(np.ones((1, 1, *kernel), e.np_ct), hint="window")
+    spread = b.op1("ConvTranspose", [view, ones], **attrs)
+    e.finish("Reshape", [spread, _full_shape(e, dy, spatial)], out, io)
+
+
+def _inverse_counts(spatial: list[int], outputs: list[int], params: PoolParameters) -> np.ndarray:
+    """1/n for every output position (float64), n as the spec document defines it."""
+    per_axis = []
+    for a, (size, count) in enumerate(zip(spatial, outputs, strict=True)):
+        starts = np.arange(count) * params.strides[a] - params.pads[a]
+        inside = np.minimum(starts + params.kernel_shape[a], size) - np.maximum(starts, 0)
+        per_axis.append(np.full(count, params.kernel_shape[a]) if params.count_include_pad else inside)
+    counts = per_axis[0].astype(np.float64)
+    for axis in per_axis[1:]:
+        counts = np.multiply.outer(counts, axis)
+    return 1.0 / counts
+
+
+def _windows(request: LoweringRequest, spatial: list[int], dy_shape, params: PoolParameters) -> Windows:
+    """The window geometry the portable form needs static: kernel_shape and dY's spatial dims."""
+    k = len(spatial)
+    outputs = [None if dy_shape is None else dy_shape[2 + a] for a in range(k)]
+    if params.kernel_shape is None or not all(isinstance(o, int) for o in outputs):
+        shown = "unknown" if dy_shape is None else "[" + ",".join("?" if d is None else str(d) for d in dy_shape) + "]"
+        raise _fail(request, "the portable lowering needs kernel_shape and dY's spatial dims static (kernel_shape "
+                             f"{list(params.kernel_shape) if params.kernel_shape else 'missing'}, dY {shown}): it "
+                             "spreads dY over the windows with a static window geometry")
+    return Windows(tuple(spatial), tuple(params.kernel_shape), tuple(params.strides), tuple(params.dilations),
+                   tuple(params.pads), tuple(outputs))
+
+
+def _spread(e: Emitter, piece: Callable[[int], str], rank: int, windows: Windows, out: str, io: int) -> None:
+    """col2im into ``out``: written by its last op, or through one Cast to the output type."""
+    if io == e.ct:
+        col2im(e, piece, rank, windows, output=out)
+    else:
+        e.b.op1("Cast", [col2im(e, piece, rank, windows)], out, to=io)

@@ -1,0 +1,82 @@
+"""Lowering of onnxruntime-training's ``SoftmaxCrossEntropyLossGrad``
+(``specs/com.microsoft/SoftmaxCrossEntropyLossGrad.rst``).
+
+``d_logits = g * w * (exp(log_prob) - onehot(label))`` with the class axis 1: the one-hot is an Equal of
+the label against the class indices (a Range), the per-sample weight a Gather of ``weight`` at the label
+(ignored labels first replaced by 0, so an out-of-range ``ignore_index`` such as -100 is never gathered),
+zeroed where the label is ``ignore_index``. For reduction ``mean`` g is dY over the sum of the weights
+(over the number of samples without weight and ignore_index), left undivided when that sum is 0.
+One form for both targets: Range, Equal, Gather, Where and elementwise arithmetic take runtime tensors
+everywhere (lowering.rules.PORTABLE_OPS).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from lowering.builder import NodeBuilder
+from lowering.emit_common import Emitter, compute_type
+from lowering.rules import TARGETS, LoweringRequest, register_rule
+from lowering.rules.elementwise_grad import input_elem
+
+_INT_NP = {TensorProto.INT32: np.int32, TensorProto.INT64: np.int64}
+
+
+def _unsqueeze(e: Emitter, name: str, axis: int) -> str:
+    if e.b.opset < 13:
+        return e.b.op1("Unsqueeze", [name], axes=[axis])
+    return e.b.op1("Unsqueeze", [name, e.ints([axis], "axes")])
+
+
+@register_rule("softmax_cross_entropy_loss_grad", targets=TARGETS)
+def lower_softmax_cross_entropy_loss_grad(b: NodeBuilder, request: LoweringRequest) -> None:
+    out = request.output("d_logits")
+    if out is None:
+        return
+    io, label_type = input_elem(request, "log_prob"), input_elem(request, "label")
+    e = Emitter(b, compute_type(io))
+    attributes = request.inference.attributes
+    reduction = attributes.get("reduction") or "mean"
+    ignore_index = attributes.get("ignore_index")
+    label = request.input("label")
+    log_prob = e.up(request.input("log_prob"), io)
+
+    classes = b.op1("Gather", [b.op1("Shape", [log_prob]), e.ints(1, "class_axis")], axis=0)
+    class_ids = b.op1("Range", [b.const(np.array(0, _INT_NP[label_type]), hint="zero_label"),
+                                b.op1("Cast", [classes], to=label_type),
+                                b.const(np.array(1, _INT_NP[label_type]), hint="one_label")])
+    rank = request.inference.rank
+    if rank is not None and rank > 2:  # classes along axis 1, then one unit axis per trailing label axis
+        class_ids = b.op1("Reshape", [class_ids, e.ints([-1] + [1] * (rank - 2), "class_view")])
+    onehot = b.op1("Cast", [b.op1("Equal", [_unsqueeze(e, label, 1), class_ids])], to=e.ct)
+    diff = b.op1("Sub", [b.op1("Exp", [log_prob]), onehot])
+
+    # the per-sample factor g * w, shaped like label
+    dy = e.up(request.input("dY"), io)
+    if reduction != "none":
+        dy = b.op1("Reshape", [dy, e.ints([], "scalar_shape")])
+    weights = None
+    ignored = None
+    safe_label = label
+    if ignore_index is not None:
+        ignored = b.op1("Equal", [label, b.const(np.array(ignore_index, _INT_NP[label_type]), hint="ignore_index")])
+        safe_label = b.op1("Where", [ignored, b.const(np.array(0, _INT_NP[label_type]), hint="zero_label"), label])
+    if request.input("weight") is not None:
+        weights = b.op1("Gather", [e.up(request.input("weight"), io), safe_label], axis=0)
+    if ignored is not None:
+        kept = b.op1("Cast", [b.op1("Not", [ignored])], to=e.ct)
+        weights = kept if weights is None else b.op1("Mul", [weights, kept])
+    if reduction == "mean":
+        if weights is None:
+            total = b.op1("Cast", [b.op1("Size", [label])], to=e.ct)
+        else:
+            total = e.reduce("ReduceSum", weights, tuple(range(rank - 1)), keepdims=0) if rank is not None else \
+                b.op1("ReduceSum", [b.op1("Reshape", [weights, e.ints([-1], "flat")])] +
+                      ([] if b.opset < 13 else [e.ints([0], "axes")]), keepdims=0)
+        zero = b.op1("Equal", [total, e.scalar(0.0, "zero")])
+        total = b.op1("Where", [zero, e.scalar(1.0, "one"), total])  # nothing counted: dY undivided
+        dy = b.op1("Div", [dy, total])
+    factor = dy if weights is None else b.op1("Mul", [weights, dy])
+    e.finish("Mul", [diff, _unsqueeze(e, factor, 1) if weights is not None or reduction == "none" else factor],
+             out, io)

@@ -1,0 +1,176 @@
+"""Lowering of onnxruntime-training's in-place update ops: InPlaceAccumulatorV2, AdamWOptimizer,
+SGDOptimizerV2 (the math of their documents in ``specs/com.microsoft/``).
+
+Each computes the updated values as new tensors; which of them the pass also returns as
+``<input>.updated`` graph outputs is binding data (:mod:`lowering.in_place`). The optimizers take tensor
+sequences: a Loop over ``SequenceLength(weights)`` reads the i-th tensors with SequenceAt, updates them and
+appends the results with SequenceInsert to loop-carried sequences that start empty. Per-step scalars (the
+learning rate, the bias corrections) are scalars computed in the loop body. The arithmetic is f32, as
+onnxruntime-training's kernels compute it; a false ``update_signal`` leaves every value as it was.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from lowering.builder import NodeBuilder
+from lowering.rules import LoweringRequest, register_rule
+from opdef.errors import LoweringError
+from opdef.types import ONNX_ELEM_TYPE, sequence_element
+
+LOOP_CARRIES_SEQUENCES_SINCE = 13  # Loop-11's loop-carried values are tensors only
+
+
+@register_rule("in_place_accumulator")
+def lower_in_place_accumulator(b: NodeBuilder, request: LoweringRequest) -> None:
+    buffer, value = request.input("buffer"), request.input("value")
+    out = request.output("buffer_out")
+    if out:
+        total = b.op1("Add", [buffer, value], hint="sum")
+        overwrite = request.input("overwrite")
+        if overwrite:  # lazy_reset_grad: the first gradient after an optimizer step replaces the buffer
+            flag = b.op1("Reshape", [overwrite, b.const(np.array([], np.int64), hint="scalar_shape")], hint="flag")
+            b.op1("Where", [flag, value, total], out)
+        else:
+            b.op1("Identity", [total], out)
+    updated = request.output("updated")
+    if updated:  # a scalar, as onnxruntime's kernel writes it, unless the graph declares a shape
+        t = request.inference.output_types[request.inference.outputs.index(updated)]
+        rank = 0 if t is None or t.shape is None else len(t.shape)
+        b.op1("Identity", [b.const(np.ones((1,) * rank, bool), hint="true")], updated)
+
+
+@register_rule("sgd_optimizer")
+def lower_sgd_optimizer(b: NodeBuilder, request: LoweringRequest) -> None:
+    def step(body: NodeBuilder, w: str, tensors: dict[str, str]) -> dict[str, str]:
+        neg_lr = body.op1("Neg", [_scalar(body, request.input("lr"), "lr")], hint="neg_lr")
+        return {"params_out": body.op1("Add", [w, body.op1("Mul", [neg_lr, tensors["gradients"]])], hint="w")}
+
+    _sequence_loop(b, request, ("gradients",), ("params_out",), step)
+    _flag(b, request, request.input("lr"))
+
+
+@register_rule("adamw_optimizer")
+def lower_adamw_optimizer(b: NodeBuilder, request: LoweringRequest) -> None:
+    attrs = request.inference.attributes
+    binding = request.inference.binding
+    f32 = np.float32
+    alpha, beta, eps, decay = (float(f32(attrs[binding.arg(r)])) for r in ("alpha", "beta", "epsilon", "weight_decay"))
+    mode, correct = int(attrs[binding.arg("adam_mode")]), int(attrs[binding.arg("correct_bias")])
+    if mode not in (0, 1):
+        raise LoweringError(f"AdamWOptimizer: adam_mode {mode} is not 0 or 1")
+
+    def step(body: NodeBuilder, w: str, tensors: dict[str, str]) -> dict[str, str]:
+        # Everything the loop body uses is emitted into it (a subgraph may read the outer graph's values,
+        # but the pass keeps only the outer nodes whose outputs outer nodes read); the per-step scalars are
+        # a handful of scalar ops per parameter.
+        def c(value: float, hint: str = "c") -> str:
+            return body.const(np.array(value, f32), hint=hint)
+
+        lr = _scalar(body, request.input("lr"), "lr")
+        if correct:
+            # 1 - a^t: the power in f64, rounded to f32 once, as onnxruntime-training's kernel does
+            t = body.op1("Cast", [_scalar(body, request.input("step"), "step")], to=TensorProto.DOUBLE)
+            c1, c2 = (body.op1("Sub", [c(1.0, "one"), body.op1("Cast", [body.op1(
+                          "Pow", [body.const(np.array(float(f32(x)), np.float64), hint="base"), t])],
+                          to=TensorProto.FLOAT)], hint=h)
+                      for x, h in ((alpha, "alpha_correction"), (beta, "beta_correction")))
+        else:
+            c1 = c2 = c(1.0, "one")
+        lr_decay = body.op1("Mul", [lr, c(decay, "weight_decay")], hint="lr_decay")
+        g, m1, m2 = tensors["gradients"], tensors["first_moments"], tensors["second_moments"]
+        m1 = body.op1("Add", [body.op1("Mul", [c(alpha, "alpha"), m1]), body.op1("Mul", [c(1 - alpha), g])],
+                      hint="m1")
+        g2 = body.op1("Mul", [g, g])
+        m2 = body.op1("Add", [body.op1("Mul", [c(beta, "beta"), m2]), body.op1("Mul", [c(1 - beta), g2])],
+                      hint="m2")
+        if mode == 0:  # PyTorch: decay first, then the bias-corrected step
+            w = body.op1("Sub", [w, body.op1("Mul", [w, lr_decay])], hint="decayed")
+            denom = body.op1("Add", [body.op1("Sqrt", [body.op1("Div", [m2, c2])]), c(eps, "epsilon")])
+            w = body.op1("Sub", [w, body.op1("Div", [body.op1("Mul", [lr, m1]), body.op1("Mul", [c1, denom])])],
+                         hint="w")
+        else:  # Hugging Face: the learning rate corrected, decay last
+            lr_corrected = body.op1("Div", [body.op1("Mul", [lr, body.op1("Sqrt", [c2])]), c1], hint="lr_corrected")
+            denom = body.op1("Add", [body.op1("Sqrt", [m2]), c(eps, "epsilon")])
+            w = body.op1("Sub", [w, body.op1("Div", [body.op1("Mul", [lr_corrected, m1]), denom])], hint="stepped")
+            w = body.op1("Sub", [w, body.op1("Mul", [lr_decay, w])], hint="w")
+        return {"params_out": w, "first_moments_out": m1, "second_moments_out": m2}
+
+    _sequence_loop(b, request, ("gradients", "first_moments", "second_moments"),
+                   ("params_out", "first_moments_out", "second_moments_out"), step)
+    _flag(b, request, request.input("step"))
+
+
+# -- shared pieces ---------------------------------------------------------------------------------
+
+def _scalar(b: NodeBuilder, one_element: str, hint: str) -> str:
+    """A one-element tensor ([1] in the optimizer model) as a scalar: it broadcasts to any parameter's
+    shape without changing it, rank-0 parameters included."""
+    return b.op1("Reshape", [one_element, b.const(np.array([], np.int64), hint="scalar_shape")], hint=hint)
+
+
+def _flag(b: NodeBuilder, request: LoweringRequest, shaped_like: str) -> None:
+    """The update flag: ``update_signal`` when given, else true; shaped like ``shaped_like`` (step or lr)."""
+    updated = request.output("updated")
+    if not updated:
+        return
+    signal = request.input("update_signal")
+    shape = b.op1("Shape", [shaped_like], hint="flag_shape")
+    if signal:
+        b.op1("Reshape", [signal, shape], updated)
+    else:
+        b.op1("ConstantOfShape", [shape], updated, value=helper.make_tensor("true", TensorProto.BOOL, [1], [True]))
+
+
+def _sequence_loop(b: NodeBuilder, request: LoweringRequest, read_roles: tuple[str, ...],
+                   out_roles: tuple[str, ...], step) -> None:
+    """A Loop over the parameters: ``step(body, w_i, {role: tensor_i})`` returns the updated tensors by
+    output role, each appended to its loop-carried sequence; the final sequences are the outputs."""
+    outputs = [request.output(r) for r in out_roles]
+    if not any(outputs):
+        return
+    if b.opset < LOOP_CARRIES_SEQUENCES_SINCE:
+        raise LoweringError(f"{request.inference.op_type} '{request.inference.node_name}': updating tensor sequences "
+                            f"needs default opset {LOOP_CARRIES_SEQUENCES_SINCE} or newer (a Loop carries sequences "
+                            f"from then on); the model imports opset {b.opset}")
+    params = request.input("params")
+    elem = _sequence_elem_type(request)
+    seq_type = helper.make_sequence_type_proto(helper.make_tensor_type_proto(elem, None))
+    starts = [b.op1("SequenceEmpty", [], hint="empty", dtype=elem) for _ in out_roles]
+    count = b.op1("SequenceLength", [params], hint="count")
+
+    body = onnx.GraphProto(name=b.fresh("update_each_parameter"))
+    sub = NodeBuilder(b.opset, b.fresh("body"), b.is_taken, into=body.node)
+    index, cond = sub.fresh("index"), sub.fresh("cond")
+    carried = [sub.fresh("carried") for _ in out_roles]
+    body.input.extend([helper.make_tensor_value_info(index, TensorProto.INT64, []),
+                       helper.make_tensor_value_info(cond, TensorProto.BOOL, []),
+                       *(helper.make_value_info(n, seq_type) for n in carried)])
+    w = sub.op1("SequenceAt", [params, index], hint="w")
+    tensors = {r: sub.op1("SequenceAt", [request.input(r), index], hint=r) for r in read_roles}
+    new = step(sub, w, tensors)
+    signal = request.input("update_signal")
+    if signal:  # a false signal keeps every value: Where picks the old tensor
+        flag = sub.op1("Reshape", [signal, sub.const(np.array([], np.int64), hint="scalar_shape")], hint="signal")
+        old = {"params_out": w, "first_moments_out": tensors.get("first_moments"),
+               "second_moments_out": tensors.get("second_moments")}
+        new = {r: sub.op1("Where", [flag, new[r], old[r]], hint="kept") for r in out_roles}
+    cond_out = sub.op1("Identity", [cond], hint="cond_out")
+    results = [sub.op1("SequenceInsert", [seq, new[r]], hint="appended") for seq, r in zip(carried, out_roles,
+                                                                                            strict=True)]
+    body.output.extend([helper.make_tensor_value_info(cond_out, TensorProto.BOOL, []),
+                        *(helper.make_value_info(n, seq_type) for n in results)])
+    final = [o or b.fresh("unused") for o in outputs]
+    b.op("Loop", [count, "", *starts], final, hint="update_loop", body=body)
+
+
+def _sequence_elem_type(request: LoweringRequest) -> int:
+    """The parameters' element type, from the spec's ``seq(<type>)`` for the weights (one type there)."""
+    schema = request.inference.schema
+    arg = schema.input(request.inference.binding.arg("params"))
+    allowed = {sequence_element(t) for t in schema.type_constraint_map.get(arg.type_var or "", ())}
+    if len(allowed) != 1 or next(iter(allowed)) not in ONNX_ELEM_TYPE:
+        raise LoweringError(f"{schema.name}: the spec's {arg.name} type must be one seq(<type>), not {allowed}")
+    return ONNX_ELEM_TYPE[allowed.pop()]

@@ -1,0 +1,252 @@
+"""Train on plain onnxruntime from an onnxruntime-training artifact directory.
+
+``generate_artifacts`` writes ``training_model.onnx`` (data inputs, labels, the trainable parameters as
+inputs, one ``<p>_grad.accumulation.buffer`` input per parameter and ``lazy_reset_grad``; outputs the loss
+and the accumulators' flags) and ``optimizer_model.onnx`` (``learning_rate``, ``step`` and the tensor
+sequences ``params``, ``gradients``, ``first_order_moments``, ``second_order_moments``). :class:`Trainer`
+lowers both once; their in-place updates come back as ``<input>.updated`` outputs (DESIGN.md section 9),
+which it carries to the next step: the accumulation buffers into the optimizer's ``gradients``, the
+optimizer's ``params.updated`` and moments into the next step. One optimizer step per training step, so
+``lazy_reset_grad`` is always true (each step's gradient replaces the buffer). The first optimizer step
+passes ``step = [1]``, as onnxruntime-training does.
+
+Data (``--data IN.npz``): one array per data input of the training model (every input that is not a
+parameter, an accumulation buffer or ``lazy_reset_grad``), named after it, with a leading batch-index
+axis; step ``k`` (from 0) feeds index ``k mod B`` of each array. Initial parameters: an ``.npz`` keyed by
+parameter name, else the initializers of the other ``.onnx`` models in the directory (the forward model
+the artifacts were generated from), else the training model's own initializers. Inputs without an
+accumulation buffer that the parameter source holds (batch norm's running statistics: generate_artifacts'
+frozen parameters) start from that value; where a training op updates one in place (BatchNormInternal's
+running statistics, returned as ``<input>.updated``) the update is carried to the next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+from lowering.modelio import load_model
+from lowering.passes import lower_model
+from opdef.errors import LoweringError, ModelError, OplowerError, RuntimeFailure
+from runtime.session import find_custom_nodes, np_dtype, ort_message
+
+TRAINING_MODEL, OPTIMIZER_MODEL = "training_model.onnx", "optimizer_model.onnx"
+BUFFER_SUFFIX = "_grad.accumulation.buffer"
+LAZY_RESET = "lazy_reset_grad"
+OPTIMIZER_SEQUENCES = ("params", "gradients", "first_order_moments", "second_order_moments")
+
+
+class TrainingDataError(OplowerError):
+    """Training data or initial parameters that do not fit the artifacts."""
+
+
+@dataclass(frozen=True)
+class TrainingModels:
+    """The two lowered models and the training model's interface."""
+
+    training: onnx.ModelProto
+    optimizer: onnx.ModelProto
+    loss: str  # the training model's first output
+    params: tuple[str, ...]  # trainable parameters, in the training model's input order
+    # every other input: data, labels, and frozen parameters (e.g. batch norm's running statistics), which
+    # take their value from the parameter source and keep it
+    other_inputs: tuple[str, ...]
+
+
+def lower_artifacts(directory: Path | str) -> TrainingModels:
+    """Load and lower ``training_model.onnx`` and ``optimizer_model.onnx``; refuse what would not run."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ModelError(f"{directory}: not an artifact directory (expected {TRAINING_MODEL} and {OPTIMIZER_MODEL})")
+    lowered = {}
+    for name in (TRAINING_MODEL, OPTIMIZER_MODEL):
+        path = directory / name
+        model = load_model(path)  # its errors name the file already
+        try:
+            model = lower_model(model)
+        except OplowerError as exc:
+            raise LoweringError(f"{path}: {exc}") from None
+        left = find_custom_nodes(model)
+        if left:
+            ops = sorted({f"{c.domain}::{c.op_type}" for c in left})
+            raise LoweringError(f"{path}: plain onnxruntime cannot run {', '.join(ops)} (no lowering rule yet); "
+                                f"first: node {left[0].describe()}")
+        lowered[name] = model
+    training, optimizer = lowered[TRAINING_MODEL], lowered[OPTIMIZER_MODEL]
+    inputs = [i.name for i in training.graph.input]
+    initialized = {t.name for t in training.graph.initializer}
+    params = tuple(n[:-len(BUFFER_SUFFIX)] for n in inputs if n.endswith(BUFFER_SUFFIX))
+    missing = [p for p in params if p not in inputs]
+    if missing:
+        raise ModelError(f"{directory / TRAINING_MODEL}: accumulation buffer for {missing[0]!r}, which is no input")
+    for p in params:
+        if f"{p}{BUFFER_SUFFIX}.updated" not in {o.name for o in training.graph.output}:
+            raise ModelError(f"{directory / TRAINING_MODEL}: no InPlaceAccumulatorV2 updates {p}{BUFFER_SUFFIX}")
+    taken = {*params, *(p + BUFFER_SUFFIX for p in params), LAZY_RESET}
+    data = tuple(n for n in inputs if n not in taken and n not in initialized)
+    opt_inputs = {i.name for i in optimizer.graph.input}
+    absent = [n for n in ("learning_rate", *OPTIMIZER_SEQUENCES[:2]) if n not in opt_inputs]
+    if absent:
+        raise ModelError(f"{directory / OPTIMIZER_MODEL}: no input {absent[0]!r} (expected an optimizer model "
+                         "from generate_artifacts)")
+    if not training.graph.output:
+        raise ModelError(f"{directory / TRAINING_MODEL}: no outputs (expected the loss first)")
+    return TrainingModels(training, optimizer, training.graph.output[0].name, params, data)
+
+
+@dataclass(frozen=True)
+class StartingPoint:
+    """Where training starts: the trainable parameters and the frozen ones (constant inputs)."""
+
+    params: dict[str, np.ndarray]
+    frozen: dict[str, np.ndarray]
+
+
+def initial_parameters(directory: Path | str, models: TrainingModels,
+                       given: Mapping[str, np.ndarray] | None = None, source: str = "") -> StartingPoint:
+    """Each parameter's starting value (see the module docstring for where it comes from): every trainable
+    one, and the frozen ones the source also holds (inputs of the training model that are no data)."""
+    directory = Path(directory)
+    inputs = {i.name: i.type.tensor_type for i in models.training.graph.input}
+    wanted = (*models.params, *models.other_inputs)
+    found: dict[str, np.ndarray] = {}
+    if given is not None:
+        extra = [k for k in given if k not in wanted]
+        if extra:
+            raise TrainingDataError(f"{source}: {extra[0]!r} is no parameter of the training model (its trainable "
+                                    f"parameters: {', '.join(models.params)})")
+        found.update(given)
+    else:
+        others = sorted(p for p in directory.glob("*.onnx")
+                        if p.name not in (TRAINING_MODEL, OPTIMIZER_MODEL, "eval_model.onnx"))
+        for model in (*(load_model(p) for p in others), models.training):
+            for init in model.graph.initializer:
+                if init.name in wanted:
+                    found.setdefault(init.name, numpy_helper.to_array(init))
+    missing = [p for p in models.params if p not in found]
+    if missing:
+        where = source or f"{directory} (no forward model with these initializers; pass --params P.npz)"
+        raise TrainingDataError(f"{where}: no initial value for parameter {missing[0]!r}"
+                                + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+    out = {}
+    for p, value in found.items():
+        value = np.asarray(value)
+        declared = [d.dim_value if d.HasField("dim_value") else None for d in inputs[p].shape.dim]
+        if len(declared) != value.ndim or any(d is not None and d != s for d, s in zip(declared, value.shape,
+                                                                                      strict=False)):
+            raise TrainingDataError(f"{source or directory}: parameter {p!r} has shape {list(value.shape)}; the "
+                                    f"training model declares {declared}")
+        out[p] = value.astype(np_dtype(inputs[p].elem_type))
+    return StartingPoint({p: out[p] for p in models.params},
+                         {p: out[p] for p in models.other_inputs if p in out})
+
+
+class Trainer:
+    """N steps of training on plain onnxruntime, parameters, buffers and moments carried between steps."""
+
+    def __init__(self, models: TrainingModels, start: StartingPoint, *, learning_rate: float = 1e-3,
+                 threads: int | None = None) -> None:
+        self.models = models
+        self.params = {p: np.asarray(start.params[p]) for p in models.params}
+        self.frozen = dict(start.frozen)
+        self.first_moments = [np.zeros_like(v) for v in self.params.values()]
+        self.second_moments = [np.zeros_like(v) for v in self.params.values()]
+        self.buffers = {p: np.zeros_like(v) for p, v in self.params.items()}
+        self.learning_rate = np.array([learning_rate], np.float32)
+        self.step_count = 0
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        self._training = self._session(models.training, options, TRAINING_MODEL)
+        self._optimizer = self._session(models.optimizer, options, OPTIMIZER_MODEL)
+        self._opt_inputs = {i.name for i in self._optimizer.get_inputs()}
+
+    @staticmethod
+    def _session(model: onnx.ModelProto, options: ort.SessionOptions, what: str) -> ort.InferenceSession:
+        try:
+            return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 -- onnxruntime raises several unrelated types
+            raise RuntimeFailure(f"{what} (lowered): onnxruntime refuses it: {ort_message(exc)}") from None
+
+    def step(self, batch: Mapping[str, np.ndarray]) -> float:
+        """One training step and one optimizer step; returns the loss."""
+        feeds = dict(batch)
+        feeds.update(self.frozen)
+        feeds.update(self.params)
+        feeds.update({p + BUFFER_SUFFIX: b for p, b in self.buffers.items()})
+        feeds[LAZY_RESET] = np.array([True])
+        names = [o.name for o in self._training.get_outputs()]
+        try:
+            results = dict(zip(names, self._training.run(None, feeds), strict=True))
+        except Exception as exc:  # noqa: BLE001
+            raise RuntimeFailure(f"{TRAINING_MODEL}: step {self.step_count + 1}: {ort_message(exc)}") from None
+        self.buffers = {p: results[f"{p}{BUFFER_SUFFIX}.updated"] for p in self.params}
+        # frozen inputs a training op updates in place (batch norm's running statistics) carry on, as
+        # onnxruntime-training's training API updates them
+        self.frozen.update({p: results[f"{p}.updated"] for p in self.frozen if f"{p}.updated" in results})
+        self.step_count += 1
+        opt_feeds = {"learning_rate": self.learning_rate, "step": np.array([self.step_count], np.int64),
+                     "params": list(self.params.values()), "gradients": list(self.buffers.values()),
+                     "first_order_moments": self.first_moments, "second_order_moments": self.second_moments}
+        opt_feeds = {k: v for k, v in opt_feeds.items() if k in self._opt_inputs}
+        opt_names = [o.name for o in self._optimizer.get_outputs()]
+        try:
+            updated = dict(zip(opt_names, self._optimizer.run(None, opt_feeds), strict=True))
+        except Exception as exc:  # noqa: BLE001
+            raise RuntimeFailure(f"{OPTIMIZER_MODEL}: step {self.step_count}: {ort_message(exc)}") from None
+        self.params = {p: np.asarray(v) for p, v in zip(self.params, updated["params.updated"], strict=True)}
+        if "first_order_moments.updated" in updated:
+            self.first_moments = [np.asarray(v) for v in updated["first_order_moments.updated"]]
+            self.second_moments = [np.asarray(v) for v in updated["second_order_moments.updated"]]
+        return float(np.asarray(results[self.models.loss]).reshape(-1)[0])
+
+
+def batches(data: Mapping[str, np.ndarray], models: TrainingModels, frozen: Mapping[str, np.ndarray] = {},  # noqa: B006
+            source: str = "") -> Callable[[int], dict]:
+    """Step ``k`` -> the feeds of the training model's data inputs: index ``k mod B`` of an array with a
+    leading batch-index axis (B batches, cycled), or the array itself, every step, when it has the input's
+    own rank (one batch). The data inputs are the inputs that are no parameter, buffer, ``lazy_reset_grad``
+    or ``frozen`` value."""
+    data_inputs = [n for n in models.other_inputs if n not in frozen]
+    extra = [k for k in data if k not in data_inputs]
+    if extra:
+        raise TrainingDataError(f"{source}: {extra[0]!r} is no data input of the training model (they are: "
+                                f"{', '.join(data_inputs)})")
+    missing = [k for k in data_inputs if k not in data]
+    if missing:
+        raise TrainingDataError(f"{source}: no array for the data input {missing[0]!r} (one array per data input, "
+                                "with a leading batch-index axis)")
+    types = {i.name: i.type.tensor_type for i in models.training.graph.input}
+    arrays = {}
+    for name in data_inputs:
+        value = np.asarray(data[name])
+        rank = len(types[name].shape.dim)
+        if value.ndim == rank:
+            value = value[None]  # one batch, fed at every step
+        if value.ndim != rank + 1 or value.shape[0] == 0:
+            raise TrainingDataError(f"{source}: {name!r} has shape {list(value.shape)}; expected the input's rank "
+                                    f"{rank} (one batch) or a leading batch-index axis over it")
+        arrays[name] = value.astype(np_dtype(types[name].elem_type), copy=False)
+    return lambda k: {name: value[k % value.shape[0]] for name, value in arrays.items()}
+
+
+def train(directory: Path | str, data: Mapping[str, np.ndarray], steps: int, *,
+          params: Mapping[str, np.ndarray] | None = None, learning_rate: float = 1e-3,
+          on_step: Callable[[int, float], None] | None = None) -> tuple[list[float], dict[str, np.ndarray]]:
+    """Lower the artifacts once, train ``steps`` steps; returns the loss per step and the final parameters."""
+    models = lower_artifacts(directory)
+    start = initial_parameters(directory, models, params)
+    trainer = Trainer(models, start, learning_rate=learning_rate)
+    feed = batches(data, models, start.frozen)
+    losses = []
+    for k in range(steps):
+        losses.append(trainer.step(feed(k)))
+        if on_step is not None:
+            on_step(k + 1, losses[-1])
+    return losses, trainer.params

@@ -1,0 +1,315 @@
+"""Training artifacts of small torch models and onnxruntime-training's results on them.
+
+Called by make_fixtures.py (same environment). Per artifact directory ``artifacts/<name>/``:
+- training_model.onnx, eval_model.onnx, optimizer_model.onnx (generate_artifacts' output) and
+  checkpoint (kept small: the initial state);
+- data.npz: ``input``, ``labels`` (the batch every recorded step uses);
+- initial_params.npz: every parameter from the checkpoint, by name;
+- api_step1.npz: the training API's first train step: ``loss``, ``grad.<param>``;
+- api_optimizer_step1.npz: every parameter after the first optimizer step (``param.<name>``);
+- api_curve.json: learning rate and the loss of 20 steps (train step, optimizer step, lazy reset);
+- raw_train_step1.npz: training_model.onnx run by InferenceSession on explicit inputs (parameters,
+  zero accumulation buffers, lazy_reset_grad=[True]): every graph output plus each buffer after the
+  step as ``<buffer name>.updated``;
+- raw_optimizer_step1.npz: optimizer_model.onnx run the same way on sequences (params, the raw
+  gradients, zero moments, step=[1], the API's learning rate): the graph outputs and the updated
+  sequences ``params.updated.<i>``, ``first_order_moments.updated.<i>``...;
+- meta.json: parameter order, non-standard ops per model, shapes, the torch model's description.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from onnx import helper
+from onnxruntime.training import artifacts
+from onnxruntime.training.api import CheckpointState, Module, Optimizer
+from torch import nn
+
+STEPS = 20
+BUFFER = "_grad.accumulation.buffer"
+STANDARD = {"", "ai.onnx"}
+
+
+class Residual(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x))) + x
+
+
+def cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(3, stride=1, padding=1),
+        Residual(8),
+        nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.ReLU(),          # strided: 8x8 -> 4x4
+        nn.Conv2d(8, 8, 3, padding=1, groups=2), nn.ReLU(),          # grouped
+        nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False),         # depthwise
+        nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+
+def cnn1d() -> nn.Module:
+    # 1-D layers and the pooling options the 2-D net leaves at their defaults
+    return nn.Sequential(
+        nn.Conv1d(3, 6, 3, padding=1), nn.BatchNorm1d(6), nn.ReLU(),
+        nn.MaxPool1d(2, stride=2, ceil_mode=True),                   # 11 -> 6
+        nn.Conv1d(6, 6, 3, stride=2, padding=1, groups=3), nn.ReLU(),  # 6 -> 3
+        nn.AvgPool1d(3, stride=1, padding=1, count_include_pad=False),
+        nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(6, 3))
+
+
+def mlp(out: int = 3) -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, out))
+
+
+def randomize_batch_norm(model: nn.Module, gen: torch.Generator) -> None:
+    # equal BN initializers (ones/zeros) get deduplicated by onnxruntime's optimizer and a running-stat
+    # update can then overwrite an aliased scale or bias (DESIGN.md section 9): make them all distinct
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm1d | nn.BatchNorm2d):
+                c = module.num_features
+                module.weight.copy_(1.0 + 0.2 * torch.randn(c, generator=gen))
+                module.bias.copy_(0.2 * torch.randn(c, generator=gen))
+                module.running_mean.copy_(0.1 * torch.randn(c, generator=gen))
+                module.running_var.copy_(1.0 + 0.3 * torch.rand(c, generator=gen))
+
+
+# name: (model factory, input shape, labels kind, loss, optimizer)
+ARTIFACTS = {
+    "cnn": (cnn, (4, 3, 8, 8), ("class", 4), artifacts.LossType.CrossEntropyLoss, artifacts.OptimType.AdamW),
+    "mlp": (mlp, (4, 6), ("real", 3), artifacts.LossType.MSELoss, artifacts.OptimType.SGD),
+    "mlp_bce": (mlp, (4, 6), ("binary", 3), artifacts.LossType.BCEWithLogitsLoss, artifacts.OptimType.AdamW),
+    "mlp_l1": (mlp, (4, 6), ("real", 3), artifacts.LossType.L1Loss, artifacts.OptimType.SGD),
+    "cnn1d": (cnn1d, (4, 3, 11), ("class", 3), artifacts.LossType.CrossEntropyLoss, artifacts.OptimType.SGD),
+}
+
+
+def non_standard_ops(path: Path) -> list[dict]:
+    model = onnx.load(path)
+    seen: dict[tuple, set] = {}
+    for node in model.graph.node:
+        standard = node.domain in STANDARD and onnx.defs.has(node.op_type, node.domain)
+        if not standard:
+            seen.setdefault((node.domain or "ai.onnx", node.op_type), set()).update(a.name for a in node.attribute)
+    return [{"domain": d, "op_type": o, "attributes": sorted(a), "count": sum(
+        1 for n in model.graph.node if n.op_type == o and (n.domain or "ai.onnx") == d)} for (d, o), a in
+        sorted(seen.items())]
+
+
+def _np_type(value_info) -> np.dtype:
+    return onnx.helper.tensor_dtype_to_np_dtype(value_info.type.tensor_type.elem_type)
+
+
+def make(name: str, out_root: Path, seed: int) -> dict:
+    factory, in_shape, (label_kind, classes), loss, optim = ARTIFACTS[name]
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    model = factory()
+    randomize_batch_norm(model, gen)
+    model.train()
+    directory = out_root / name
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    x = torch.randn(*in_shape, generator=gen)
+    forward = directory / "forward_model.onnx"
+    torch.onnx.export(model, (x,), str(forward), input_names=["input"], output_names=["output"],
+                      opset_version=17, do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING,
+                      dynamo=False)
+    fwd = onnx.load(forward)
+    requires_grad = [init.name for init in fwd.graph.initializer
+                     if init.name.endswith(("weight", "bias")) and "running" not in init.name]
+    frozen = [init.name for init in fwd.graph.initializer if init.name not in requires_grad]
+    artifacts.generate_artifacts(fwd, requires_grad=requires_grad, frozen_params=frozen, loss=loss,
+                                 optimizer=optim, artifact_directory=str(directory))
+    forward.unlink()  # the training/eval models hold everything; keep the fixture set small
+    train_path, eval_path, opt_path = (directory / f for f in ("training_model.onnx", "eval_model.onnx",
+                                                               "optimizer_model.onnx"))
+    train_model = onnx.load(train_path)
+    inputs = {vi.name: vi for vi in train_model.graph.input}
+    # the loss block names its target input after the loss ("labels", "target"): the second input
+    label_name = train_model.graph.input[1].name
+    label_dtype = _np_type(inputs[label_name])
+    rng = np.random.default_rng(seed)
+    data = x.numpy().astype(np.float32)
+    if label_kind == "class":
+        labels = rng.integers(0, classes, size=in_shape[0]).astype(label_dtype)
+    elif label_kind == "binary":
+        labels = rng.integers(0, 2, size=(in_shape[0], classes)).astype(label_dtype)
+    else:
+        labels = rng.standard_normal((in_shape[0], classes)).astype(label_dtype)
+    np.savez_compressed(directory / "data.npz", input=data, labels=labels)  # labels feed `label_name`
+
+    # the training API: one step, one optimizer step, then a 20-step curve
+    state = CheckpointState.load_checkpoint(str(directory / "checkpoint"))
+    buffers = [n for n in inputs if n.endswith("_grad.accumulation.buffer")]
+    trainable = [n[: -len("_grad.accumulation.buffer")] for n in buffers]
+    params = [n for n in inputs if n in requires_grad or n in frozen]
+    initial = {p: np.array(state.parameters[p].data) for p in params}
+    np.savez_compressed(directory / "initial_params.npz", **initial)
+    # no eval model: generate_artifacts turns a training-mode BatchNormalization's training_mode off in
+    # eval_model.onnx but keeps its three outputs, which onnxruntime then refuses to load
+    module = Module(str(train_path), state, device="cpu")
+    optimizer = Optimizer(str(opt_path), module)
+    lr = float(optimizer.get_learning_rate())
+    module.train()
+    loss1 = module(data, labels)
+    grads = {p: np.array(state.parameters[p].grad) for p in trainable}
+    np.savez_compressed(directory / "api_step1.npz", loss=np.asarray(loss1, np.float32),
+                        **{f"grad.{p}": g for p, g in grads.items()})
+    optimizer.step()
+    np.savez_compressed(directory / "api_optimizer_step1.npz",
+                        **{f"param.{p}": np.array(state.parameters[p].data) for p in params})
+    module.lazy_reset_grad()
+    curve = [float(loss1)]
+    for _ in range(STEPS - 1):
+        curve.append(float(module(data, labels)))
+        optimizer.step()
+        module.lazy_reset_grad()
+    (directory / "api_curve.json").write_text(json.dumps(
+        {"learning_rate": lr, "steps": STEPS, "loss": curve,
+         "procedure": "each step: module(input, labels); optimizer.step(); module.lazy_reset_grad() "
+                      "- the same batch (data.npz) every step, starting from initial_params.npz"}, indent=1) + "\n")
+
+    # the raw graphs, explicit inputs: what a lowered graph on plain onnxruntime must reproduce
+    zero_buffers = {b: np.zeros_like(initial[b[: -len(BUFFER)]]) for b in buffers}
+    raw_train = _run_training_model(train_model, data, label_name, labels, initial, zero_buffers)
+    np.savez_compressed(directory / "raw_train_step1.npz", **raw_train)
+    opt_model = onnx.load(opt_path)
+    zero_moments = [np.zeros_like(initial[p]) for p in trainable]
+    raw_opt = _run_optimizer_model(opt_model, lr, 1, [initial[p] for p in trainable],
+                                   [raw_train[f"{b}.updated"] for b in buffers], zero_moments, zero_moments)
+    np.savez_compressed(directory / "raw_optimizer_step1.npz", **raw_opt)
+    raw_curve = _raw_curve(train_model, opt_model, data, label_name, labels, initial, trainable, buffers, lr)
+    gap = float(np.max(np.abs(np.array(raw_curve) - np.array(curve))))
+    (directory / "raw_curve.json").write_text(json.dumps(
+        {"steps": STEPS, "loss": raw_curve, "max_abs_difference_to_api_curve": gap,
+         "procedure": "step k = 1..20: training_model.onnx on the current parameters, the previous buffers "
+                      "and lazy_reset_grad=[True]; then optimizer_model.onnx with step=[k], the buffers as "
+                      "gradients and the moments carried over (zero at k = 1)"}, indent=1) + "\n")
+
+    meta = {"name": name, "model": repr(model), "labels_input": label_name,
+            "input_shape": list(in_shape), "labels_dtype": str(label_dtype),
+            "loss": loss.name, "optimizer": optim.name, "learning_rate": lr, "seed": seed,
+            "trainable_params": trainable, "frozen_params": [p for p in params if p not in trainable],
+            "accumulation_buffers": buffers,
+            "non_standard_ops": {f: non_standard_ops(directory / f) for f in
+                                 ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx")},
+            "opset_imports": {f: {o.domain or "ai.onnx": o.version for o in onnx.load(directory / f).opset_import}
+                              for f in ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx")},
+            "ir_version": {f: onnx.load(directory / f).ir_version for f in
+                           ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx")}}
+    (directory / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"  artifact {name}: loss {curve[0]:.6f} -> {curve[-1]:.6f}")
+    return meta
+
+
+def _expose(model: onnx.ModelProto, op_type: str, position_to_name) -> onnx.ModelProto:
+    """A copy whose ``op_type`` nodes also produce their optional in-place outputs as graph outputs."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for node in model.graph.node:
+        if node.op_type != op_type:
+            continue
+        for position, name in position_to_name(node).items():
+            while len(node.output) <= position:
+                node.output.append("")
+            if node.output[position]:  # a named output no node reads: drop its old declaration
+                _drop_value_info(model.graph, node.output[position])
+            node.output[position] = name
+            model.graph.output.append(helper.make_value_info(name, onnx.TypeProto()))
+    return model
+
+
+def _drop_value_info(graph: onnx.GraphProto, name: str) -> None:
+    kept = [vi for vi in graph.value_info if vi.name != name]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
+
+
+def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _run_training_model(model, data, label_name, labels, params, buffers) -> dict:
+    # InPlaceAccumulatorV2's optional second output is the updated buffer: name it <buffer>.updated
+    exposed = _expose(model, "InPlaceAccumulatorV2", lambda n: {1: f"{n.input[0]}.updated"})
+    # BatchNormInternal's running statistics: no graph output reads them, yet the training API's kernel
+    # writes them into its running_mean/running_var inputs in place; expose them the same way
+    exposed = _expose(exposed, "BatchNormInternal", lambda n: {1: f"{n.input[3]}.updated", 2: f"{n.input[4]}.updated"})
+    feeds = {"input": data, label_name: labels, "lazy_reset_grad": np.array([True])}
+    feeds.update({vi.name: params[vi.name] for vi in model.graph.input if vi.name in params})
+    feeds.update(buffers)
+    feeds = {k: np.array(v, copy=True) for k, v in feeds.items()}  # in-place kernels write into feeds
+    session = _session(exposed)
+    names = [o.name for o in session.get_outputs()]
+    out = dict(zip(names, session.run(None, feeds), strict=True))
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def _run_optimizer_model(model, lr, step, params, grads, moments_1, moments_2) -> dict:
+    optimizer_ops = {"AdamWOptimizer": {1: "params.updated", 2: "first_order_moments.updated",
+                                        3: "second_order_moments.updated"},
+                     "SGDOptimizerV2": {1: "params.updated"}}
+    for op_type, outs in optimizer_ops.items():
+        model = _expose(model, op_type, lambda n, outs=outs: outs)
+    feeds = {"learning_rate": np.array([lr], np.float32), "step": np.array([step], np.int64),
+             "params": list(params), "gradients": list(grads), "first_order_moments": list(moments_1),
+             "second_order_moments": list(moments_2)}
+    names = {vi.name for vi in model.graph.input}
+    # copies: the in-place kernels write into the fed arrays' memory (the first version of this
+    # harness fed one zero list as both moments and got them clobbered)
+    feeds = {k: [np.array(t, copy=True) for t in v] if isinstance(v, list) else np.array(v, copy=True)
+             for k, v in feeds.items() if k in names}
+    session = _session(model)
+    arrays = {}
+    # the sequence inputs are initial_params.npz and raw_train_step1.npz's buffers (or zeros): not stored again
+    for name in ("learning_rate", "step"):
+        arrays[f"in.{name}"] = feeds[name]
+    for meta, value in zip(session.get_outputs(), session.run(None, feeds), strict=True):
+        _store(arrays, meta.name, value)
+    return arrays
+
+
+def _raw_curve(train_model, opt_model, data, label_name, labels, initial, trainable, buffers, lr) -> list[float]:
+    """The 20-step loop on the raw graphs, carrying parameters, buffers and moments by hand."""
+    params = dict(initial)
+    grads = {b: np.zeros_like(initial[b[: -len(BUFFER)]]) for b in buffers}
+    moments_1 = moments_2 = [np.zeros_like(initial[p]) for p in trainable]
+    loss_name = train_model.graph.output[0].name
+    losses = []
+    for step in range(1, STEPS + 1):
+        out = _run_training_model(train_model, data, label_name, labels, params, grads)
+        losses.append(float(out[loss_name]))
+        grads = {b: out[f"{b}.updated"] for b in buffers}
+        opt = _run_optimizer_model(opt_model, lr, step, [params[p] for p in trainable],
+                                   [grads[b] for b in buffers], moments_1, moments_2)
+        params.update({p: opt[f"params.updated.{i}"] for i, p in enumerate(trainable)})
+        if f"first_order_moments.updated.{0}" in opt:
+            moments_1 = [opt[f"first_order_moments.updated.{i}"] for i in range(len(trainable))]
+            moments_2 = [opt[f"second_order_moments.updated.{i}"] for i in range(len(trainable))]
+    return losses
+
+
+def _store(arrays: dict, key: str, value) -> None:
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            arrays[f"{key}.{i}"] = np.asarray(item)
+    else:
+        arrays[key] = np.asarray(value)
+
+
+def main(out_root: Path) -> None:
+    out_root.mkdir(parents=True, exist_ok=True)
+    inventory = {}
+    for seed, name in enumerate(ARTIFACTS, start=1):
+        inventory[name] = make(name, out_root, seed)["non_standard_ops"]
+    (out_root / "inventory.json").write_text(json.dumps(inventory, indent=1) + "\n")

@@ -1,0 +1,116 @@
+"""Writes tests/fixtures/ort_training/op_schemas.json.
+
+The onnxruntime-training 1.19.2 wheel has no binding that lists operator schemas
+(onnxruntime_pybind11_state.get_all_operator_schema is absent), so the names, optionality, type
+constraints and attributes below were transcribed by hand from onnxruntime's
+orttraining/orttraining/core/graph/training_op_defs.cc (and the BatchNormInternal /
+BatchNormalizationGrad schemas there) and checked against what the 1.19.2 kernels accept
+(tests/fixtures/ort_training/ops/: input counts, optional outputs). Run with any python.
+"""
+
+import json
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "ort_training" / "op_schemas.json"
+FLOATS = ["tensor(float16)", "tensor(float)", "tensor(double)"]
+FLOATS_BF = FLOATS + ["tensor(bfloat16)"]
+SEQ = ["seq(tensor(float16))", "seq(tensor(float))", "seq(tensor(double))"]
+POOL_ATTRS = {"kernel_shape": ("INTS", True, None), "strides": ("INTS", False, None),
+              "auto_pad": ("STRING", False, "NOTSET"), "pads": ("INTS", False, None)}
+
+
+def io(*items):
+    """(name, type_param, option) triples; option: Single | Optional."""
+    return [{"name": n, "type_str": t, "option": o} for n, t, o in items]
+
+
+def attrs(**spec):
+    return {k: {"type": t, "required": r, "default": d} for k, (t, r, d) in spec.items()}
+
+
+S, OPT = "Single", "Optional"
+SCHEMAS = {
+    "com.microsoft::ConvGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("X", "T", S), ("W", "T", S)),
+        outputs=io(("dX", "T", OPT), ("dW", "T", OPT), ("dB", "T", OPT)), attributes={},
+        allow_unchecked_attributes=True,
+        note="attributes are Conv's (auto_pad, dilations, group, kernel_shape, pads, strides), unchecked",
+        type_constraints={"T": FLOATS}),
+    "com.microsoft::ReluGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("X", "T", S)), outputs=io(("dX", "T", S)), attributes={},
+        type_constraints={"T": FLOATS_BF}),
+    "ai.onnx::MaxPoolGrad": dict(
+        since_version=9, inputs=io(("dY", "T", S), ("Indices", "I", S)), outputs=io(("dX", "T", S)),
+        attributes={}, allow_unchecked_attributes=True,
+        note="attributes are MaxPool's, unchecked; the CPU kernel takes dX's shape from the node's "
+             "declared output shape (there is no X input)",
+        type_constraints={"T": FLOATS, "I": ["tensor(int64)"]}),
+    "ai.onnx::AveragePoolGrad": dict(
+        since_version=9, inputs=io(("dY", "T", S)), outputs=io(("dX", "T", S)),
+        attributes=attrs(**POOL_ATTRS, count_include_pad=("INT", False, 0)), allow_unchecked_attributes=True,
+        note="other AveragePool attributes (ceil_mode) pass unchecked; dX's shape comes from the node's "
+             "declared output shape",
+        type_constraints={"T": FLOATS}),
+    "com.microsoft::Scale": dict(
+        since_version=1, inputs=io(("input", "T", S), ("scale", "ScaleT", S)), outputs=io(("output", "T", S)),
+        attributes=attrs(scale_down=("INT", False, 0)),
+        note="ScaleT's allowed types were not transcribed; float32 is recorded", type_constraints={"T": FLOATS}),
+    "com.microsoft::SoftmaxCrossEntropyLossGrad": dict(
+        since_version=1,
+        inputs=io(("dY", "T", S), ("log_prob", "T", S), ("label", "Tind", S), ("weight", "T", OPT)),
+        outputs=io(("d_logits", "T", S)),
+        attributes=attrs(reduction=("STRING", False, "mean"), ignore_index=("INT", False, None)),
+        type_constraints={"T": FLOATS_BF, "Tind": ["tensor(int32)", "tensor(int64)"]}),
+    "com.microsoft::InPlaceAccumulatorV2": dict(
+        since_version=1,
+        inputs=io(("accumulation_buffer", "T", S), ("value", "T_GRAD", S), ("overwrite_flag", "T_BOOL", OPT)),
+        outputs=io(("updated_flag", "T_BOOL", S), ("accumulation_buffer_out", "T", OPT)), attributes={},
+        note="updated_flag has shape [1]; without accumulation_buffer_out the buffer is updated in place",
+        type_constraints={"T": FLOATS_BF, "T_GRAD": FLOATS_BF, "T_BOOL": ["tensor(bool)"]}),
+    "com.microsoft::AdamWOptimizer": dict(
+        since_version=1,
+        inputs=io(("lr", "T1", S), ("step", "T2", S), ("weights", "S_WEIGHT", S), ("gradients", "S_GRAD", S),
+                  ("momentums_1", "S_MOMENT", S), ("momentums_2", "S_MOMENT", S), ("update_signal", "T_BOOL", OPT)),
+        outputs=io(("updated_flag", "T2", S), ("updated_weights", "S_WEIGHT", OPT),
+                   ("updated_momentums_1", "S_MOMENT", OPT), ("updated_momentums_2", "S_MOMENT", OPT)),
+        attributes=attrs(alpha=("FLOAT", False, 0.9), beta=("FLOAT", False, 0.999), epsilon=("FLOAT", False, 1e-8),
+                         weight_decay=("FLOAT", False, 1e-2), correct_bias=("INT", False, 1),
+                         adam_mode=("INT", False, 0)),
+        note="adam_mode 0: weight decay before the update (torch AdamW); 1: after (Hugging Face AdamW)",
+        type_constraints={"T1": ["tensor(float)"], "T2": ["tensor(int64)"], "S_WEIGHT": SEQ, "S_GRAD": SEQ,
+                          "S_MOMENT": SEQ, "T_BOOL": ["tensor(bool)"]}),
+    "com.microsoft::SGDOptimizerV2": dict(
+        since_version=1,
+        inputs=io(("lr", "T1", S), ("weights", "S_WEIGHT", S), ("gradients", "S_GRAD", S),
+                  ("update_signal", "T_BOOL", OPT)),
+        outputs=io(("update_completed", "T_BOOL", S), ("updated_weights", "S_WEIGHT", OPT)), attributes={},
+        type_constraints={"T1": ["tensor(float)"], "T_BOOL": ["tensor(bool)"], "S_WEIGHT": SEQ, "S_GRAD": SEQ}),
+    "com.microsoft::BatchNormInternal": dict(
+        since_version=1,
+        inputs=io(("X", "T", S), ("scale", "T", S), ("B", "T", S), ("input_mean", "U", S), ("input_var", "U", S)),
+        outputs=io(("Y", "T", S), ("running_mean", "U", OPT), ("running_var", "U", OPT), ("saved_mean", "U", OPT),
+                   ("saved_inv_std", "U", OPT)),
+        attributes=attrs(epsilon=("FLOAT", False, 1e-5), momentum=("FLOAT", False, 0.9),
+                         training_mode=("INT", False, 1)),
+        note="see specs/com.microsoft/BatchNormInternal.rst", type_constraints={}),
+    "com.microsoft::BatchNormalizationGrad": dict(
+        since_version=1,
+        inputs=io(("dY", "T", S), ("X", "T", S), ("scale", "T1", S), ("mean", "T2", S), ("variance", "T2", S)),
+        outputs=io(("X_grad", "T", S), ("scale_grad", "T1", S), ("bias_grad", "T1", S)),
+        attributes=attrs(epsilon=("FLOAT", False, None)),
+        note="input names as the project's spec quotes onnxruntime's schema; the fifth input is read as the "
+             "saved inverse standard deviation; see "
+             "specs/com.microsoft/BatchNormalizationGrad.rst", type_constraints={}),
+    "com.microsoft::SigmoidGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("Y", "T", S)), outputs=io(("dX", "T", S)), attributes={},
+        note="seen in the BCEWithLogitsLoss artifact; input names not transcribed (positional: output gradient, "
+             "Sigmoid output); the fixture ops/SigmoidGrad shows dX = dY * Y * (1 - Y)",
+        type_constraints={"T": FLOATS_BF}),
+}
+
+if __name__ == "__main__":
+    doc = {"_source": "transcribed from onnxruntime training_op_defs.cc; see tools/ort_training/op_schemas_source.py"}
+    doc.update({k: {"domain": k.split("::")[0].replace("ai.onnx", ""), "name": k.split("::")[1], **v}
+                for k, v in sorted(SCHEMAS.items())})
+    OUT.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{OUT}: {len(SCHEMAS)} schemas")

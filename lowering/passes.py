@@ -30,7 +30,7 @@ from lowering.modelio import check_structure
 from lowering.rules import LoweringOptions, LoweringRequest, check_portable, check_target, rule_for
 from opdef import in_place
 from opdef.errors import LoweringError
-from opdef.graphs import model_nodes, subgraphs
+from opdef.graphs import all_nodes, model_nodes, subgraphs
 from opdef.node import NodeInference, TensorType
 from opdef.registry import Registry, load_schemas
 from opdef.verify import infer_node, tensor_type_to_proto, value_types_of_graph
@@ -319,7 +319,8 @@ class _Lowering:
             request = LoweringRequest(inference, wanted, self.options, graph_outputs)
             check_target(inference.binding.rule, request)
             rule_for(inference.binding.rule)(builder, request)
-            check_portable(request, (n.op_type for n in builder.nodes))
+            emitted = (n for top in builder.nodes for n in (top, *(m for g in subgraphs(top) for m in all_nodes(g))))
+            check_portable(request, (n.op_type for n in emitted))  # Loop / If bodies too
             live, produced = _checked_live(node, builder, wanted, scope.constant_names)
             dead = [i for i in range(len(builder.nodes)) if i not in live]
             for i in reversed(dead):

@@ -59,8 +59,9 @@ class TrainingModels:
     other_inputs: tuple[str, ...]
 
 
-def lower_artifacts(directory: Path | str) -> TrainingModels:
-    """Load and lower ``training_model.onnx`` and ``optimizer_model.onnx``; refuse what would not run."""
+def lower_artifacts(directory: Path | str, *, target: str = "onnxruntime") -> TrainingModels:
+    """Load and lower ``training_model.onnx`` and ``optimizer_model.onnx`` for ``target`` (see
+    lowering.rules.TARGETS); refuse what would not run."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ModelError(f"{directory}: not an artifact directory (expected {TRAINING_MODEL} and {OPTIMIZER_MODEL})")
@@ -69,7 +70,7 @@ def lower_artifacts(directory: Path | str) -> TrainingModels:
         path = directory / name
         model = load_model(path)  # its errors name the file already
         try:
-            model = lower_model(model)
+            model = lower_model(model, target=target)
         except OplowerError as exc:
             raise LoweringError(f"{path}: {exc}") from None
         left = find_custom_nodes(model)

@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from test_ort_training_artifacts import ARTIFACTS, _gradients_exposed
 from test_ort_training_artifacts import NAMES as ARTIFACT_NAMES
-from test_training_grads_recorded import CASES as RECORDED_CASES
-from test_training_grads_recorded import FIXTURES
 from test_pool_grads import _case as _pool_case
 from test_portable import _run as _run_any
 from test_training_grads import _conv_case, _sce_case
+from test_training_grads_recorded import CASES as RECORDED_CASES
+from test_training_grads_recorded import FIXTURES
 
 from lowering.cli import main
 from lowering.passes import lower_model

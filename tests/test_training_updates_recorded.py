@@ -233,3 +233,29 @@ def test_running_statistics_are_updated_like_onnxruntime_training(name):
     trainer.step({k: v[0] for k, v in _artifact_data(directory, meta, models).items()})
     for r in running:
         _close(trainer.frozen[r], recorded[f"{r}.updated"], 1e-5, f"{r} after one step")
+
+
+@pytest.mark.parametrize("name", ["cnn1d", "mlp_bce"])
+def test_portable_artifacts_train_like_onnxruntime_training(name):
+    """--target portable for whole artifacts: the training and optimizer models hold only PORTABLE_OPS (Loop
+    bodies included) and one step gives onnxruntime-training's loss, gradients and parameters."""
+    from lowering.rules import PORTABLE_OPS
+    from opdef.graphs import model_nodes
+
+    directory = ROOT / "artifacts" / name
+    models = lower_artifacts(directory, target="portable")
+    for model, lowered_from in ((models.training, "training_model.onnx"), (models.optimizer, "optimizer_model.onnx")):
+        onnx.checker.check_model(model, full_check=True)
+        original = {n.name for n in onnx.load(directory / lowered_from).graph.node}
+        emitted = {n.op_type for n in model_nodes(model) if n.name not in original}  # the lowerings' own nodes
+        assert emitted <= PORTABLE_OPS, emitted - PORTABLE_OPS
+    meta = json.loads((directory / "meta.json").read_text())
+    start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")), "initial")
+    trainer = Trainer(models, start, learning_rate=meta["learning_rate"])
+    recorded = dict(np.load(directory / "api_step1.npz"))
+    loss = trainer.step({k: v[0] for k, v in _artifact_data(directory, meta, models).items()})
+    assert loss == pytest.approx(float(recorded["loss"]), rel=1e-5)
+    _close_gradients(trainer.buffers, recorded, meta["trainable_params"])
+    after = dict(np.load(directory / "api_optimizer_step1.npz"))
+    for p in meta["trainable_params"]:
+        _close(trainer.params[p], after[f"param.{p}"], 1e-5, f"{p} after one step")

@@ -16,14 +16,14 @@ import onnx
 from onnx import TensorProto, helper
 
 from lowering.builder import NodeBuilder
-from lowering.rules import LoweringRequest, register_rule
+from lowering.rules import TARGETS, LoweringRequest, register_rule
 from opdef.errors import LoweringError
 from opdef.types import ONNX_ELEM_TYPE, sequence_element
 
 LOOP_CARRIES_SEQUENCES_SINCE = 13  # Loop-11's loop-carried values are tensors only
 
 
-@register_rule("in_place_accumulator")
+@register_rule("in_place_accumulator", targets=TARGETS)  # one form: portable ops only
 def lower_in_place_accumulator(b: NodeBuilder, request: LoweringRequest) -> None:
     buffer, value = request.input("buffer"), request.input("value")
     out = request.output("buffer_out")
@@ -42,7 +42,7 @@ def lower_in_place_accumulator(b: NodeBuilder, request: LoweringRequest) -> None
         b.op1("Identity", [b.const(np.ones((1,) * rank, bool), hint="true")], updated)
 
 
-@register_rule("sgd_optimizer")
+@register_rule("sgd_optimizer", targets=TARGETS)  # one form: portable ops only
 def lower_sgd_optimizer(b: NodeBuilder, request: LoweringRequest) -> None:
     def step(body: NodeBuilder, w: str, tensors: dict[str, str]) -> dict[str, str]:
         neg_lr = body.op1("Neg", [_scalar(body, request.input("lr"), "lr")], hint="neg_lr")
@@ -52,7 +52,7 @@ def lower_sgd_optimizer(b: NodeBuilder, request: LoweringRequest) -> None:
     _flag(b, request, request.input("lr"))
 
 
-@register_rule("adamw_optimizer")
+@register_rule("adamw_optimizer", targets=TARGETS)  # one form: portable ops only
 def lower_adamw_optimizer(b: NodeBuilder, request: LoweringRequest) -> None:
     attrs = request.inference.attributes
     binding = request.inference.binding

@@ -87,6 +87,94 @@ def test_bench_runtimes_table_for_both_targets(tmp_path, capsys):
         assert "| runtime | target |" in capsys.readouterr().out
 
 
+def _fake_peer_model(torch, shape, layout, epsilon=1e-5):
+    """Stands in for the exported decomposition: the peer's inputs and outputs, standard ops."""
+    from onnx import TensorProto, helper
+
+    from lowering.bench import peer
+
+    channels = shape[1] if layout == "NCX" else shape[-1]
+    vi = helper.make_tensor_value_info
+    tensor = {"diff_dst", "src", "diff_src"}
+    nodes = [helper.make_node("Add", ["diff_dst", "src"], ["diff_src"]),
+             helper.make_node("Mul", ["gamma", "inv_std"], ["diff_gamma"]),
+             helper.make_node("Identity", ["mean"], ["diff_beta"])]
+    io = {n: vi(n, TensorProto.FLOAT, list(shape) if n in tensor else [channels])
+          for n in peer.PEER_INPUTS + peer.PEER_OUTPUTS}
+    graph = helper.make_graph(nodes, "fake_peer", [io[n] for n in peer.PEER_INPUTS],
+                              [io[n] for n in peer.PEER_OUTPUTS])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+def test_bench_peer_column_with_a_fake_torch(tmp_path, monkeypatch, capsys):
+    """With torch importable (faked here: torch is no test dependency) the f32 cases get the peer's time and
+    peer/oplower, built by the bench itself for each shape and layout (NHWC for NXC); --no-torch drops both."""
+    import types
+
+    from lowering.bench import peer
+
+    built = []
+
+    def fake_peer(torch, shape, layout, epsilon=1e-5):
+        built.append((tuple(shape), layout))
+        return _fake_peer_model(torch, shape, layout, epsilon)
+
+    fake_torch = types.SimpleNamespace(__version__="0.fake", set_num_threads=lambda n: None)
+    monkeypatch.setattr(bench, "_torch", lambda: fake_torch)
+    monkeypatch.setattr(bench, "_warm_torch", lambda torch: None)
+    monkeypatch.setattr(bench, "_torch_runner", lambda *args, **kwargs: (lambda: None))
+    monkeypatch.setattr(peer, "peer_model", fake_peer)
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--shapes", "tiny", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert sorted(built) == [((2, 4, 5, 5), "NCX"), ((2, 5, 5, 4), "NXC")]
+    for case in result["cases"]:
+        if case["dtype"] == "f32":
+            assert case["peer_ms"] > 0
+            assert case["peer_speedup"] == case["peer_ms"] / case["ms"]
+        else:
+            assert case["peer_ms"] is None and case["peer_speedup"] is None
+    for layout in ("NCX", "NXC"):
+        assert result["summary"][f"{layout}/f32"]["geomean_peer_speedup"] > 0
+        assert "geomean_peer_speedup" not in result["summary"][f"{layout}/bf16"]
+    printed = capsys.readouterr().out
+    assert "| peer ms | peer/oplower |" in printed and "exported to ONNX" in printed
+
+    built.clear()
+    assert main(["bench", "--shapes", "tiny", "--no-torch", "--json", str(out)]) == 0
+    assert not built
+    assert all(c["peer_ms"] is None for c in json.loads(out.read_text())["cases"])
+
+
+def test_peer_model_matches_the_reference():
+    """The real peer (only where torch happens to be installed; it is never a test dependency): its outputs
+    agree with the float64 reference in both layouts, so the bench times a correct computation."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    from lowering.bench import peer
+    from runtime.reference import batch_norm_backward as reference
+    from runtime.session import run_model
+
+    rng = np.random.default_rng(1)
+    for layout, shape in (("NCX", (2, 3, 4, 5)), ("NXC", (2, 4, 5, 3))):
+        axes = (0, 2, 3) if layout == "NCX" else (0, 1, 2)
+        x = (rng.standard_normal(shape) * 2 + 0.5).astype(np.float32)
+        dy = rng.standard_normal(shape).astype(np.float32)
+        mean = x.astype(np.float64).mean(axis=axes).astype(np.float32)
+        var = x.astype(np.float64).var(axis=axes).astype(np.float32)
+        gamma = rng.uniform(0.5, 1.5, shape[1] if layout == "NCX" else shape[-1]).astype(np.float32)
+        inv_std = (1 / np.sqrt(var.astype(np.float64) + 1e-5)).astype(np.float32)
+        got = run_model(peer.peer_model(torch, shape, layout),
+                        dict(zip(peer.PEER_INPUTS, (dy, x, gamma, mean, inv_std), strict=True)))
+        want = reference(x, dy, mean, var, gamma, epsilon=1e-5, reduce_axes=axes, statistics="batch",
+                         stat_input="variance", outputs=("diff_src", "diff_gamma", "diff_beta"))
+        for role in ("diff_src", "diff_gamma", "diff_beta"):
+            np.testing.assert_allclose(got[role], want[role], rtol=1e-4, atol=1e-5 * np.abs(want[role]).max())
+
+
 # -- oplower bench --training (lowering/bench/training.py) --
 
 CNN = bench_training.CNN_ARTIFACTS

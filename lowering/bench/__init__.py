@@ -4,7 +4,8 @@ Every benchmark model goes through the real pass (``lowering.lower_model`` on a 
 ``BatchNormTrainingBackward`` node). Timing follows DESIGN.md section 7: outputs preallocated on both sides
 (IOBinding into caller-owned buffers; glibc told to keep freed memory so torch's fresh outputs do not
 page-fault), single runs of each side interleaved with short busy pauses, medians quoted. torch is used
-only when importable.
+only when importable; so is the peer (:mod:`lowering.bench.peer`: PyTorch's own decomposition exported to
+ONNX, what a user gets without oplower), timed in the same onnxruntime the same way, f32 only.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class CaseResult:
     vs_bound: float  # time / (5 tensor sizes at the copy bandwidth)
     torch_ms: float | None = None
     vs_torch: float | None = None
+    peer_ms: float | None = None  # the exported decomposition in onnxruntime (f32, torch importable)
+    peer_speedup: float | None = None  # peer_ms / ms: > 1 when the lowering is faster
 
 
 def onednn_model(shape: tuple[int, ...], layout: str, io_type: int, stat_type: int = TensorProto.FLOAT,
@@ -199,6 +202,8 @@ def time_case(layout: str, dtype: str, channels: int, size: int, batch: int, rep
     runners = {"ort": prepared.run_bound}
     if torch is not None:
         runners["torch"] = _torch_runner(torch, x, dy, layout, dtype)
+        if dtype == "f32":
+            runners["peer"] = _peer_runner(torch, x, dy, layout)
     times = _interleaved(runners, reps)
     ms = _median_ms(times["ort"])
     traffic = TENSOR_PASSES * x.nbytes
@@ -207,7 +212,25 @@ def time_case(layout: str, dtype: str, channels: int, size: int, batch: int, rep
     if "torch" in times:
         result.torch_ms = _median_ms(times["torch"])
         result.vs_torch = ms / result.torch_ms
+    if "peer" in times:
+        result.peer_ms = _median_ms(times["peer"])
+        result.peer_speedup = result.peer_ms / ms
     return result
+
+
+def _peer_runner(torch, x: np.ndarray, dy: np.ndarray, layout: str) -> Callable[[], object]:
+    """The peer model (built here from torch) prepared like the lowering: no spinning, inputs bound once,
+    outputs into preallocated buffers; mean 0, inv_std 1 and gamma 1 as the lowering gets them."""
+    from lowering.bench import peer
+    from runtime.session import PreparedModel
+
+    channels = x.shape[1] if layout == "NCX" else x.shape[-1]
+    vec = np.ones(channels, np.float32)
+    prepared = PreparedModel(peer.peer_model(torch, x.shape, layout), allow_spinning=False)
+    prepared.bind(dict(zip(peer.PEER_INPUTS, (dy, x, vec, vec * 0, vec), strict=True)),
+                  dict(zip(peer.PEER_OUTPUTS, (np.empty_like(x), np.empty_like(vec), np.empty_like(vec)),
+                           strict=True)))
+    return prepared.run_bound
 
 
 def time_in_graph(layout: str, channels: int, size: int, batch: int, reps: int, torch=None,
@@ -241,13 +264,16 @@ def time_in_graph(layout: str, channels: int, size: int, batch: int, reps: int, 
 
 def _interleaved(runners: dict[str, Callable[[], object]], reps: int) -> dict[str, list[float]]:
     """Each runner's times: WARMUP untimed rounds, then ``reps`` single runs of each, interleaved with short
-    busy pauses."""
+    busy pauses. Odd rounds run the runners after the first in reverse (A B C, A C B, A B C ...), so with
+    three runners each one follows each of the others equally often and never itself (a fixed order would
+    always put the peer right behind torch's OpenMP threads); two runners simply alternate."""
     times: dict[str, list[float]] = {k: [] for k in runners}
     for _ in range(WARMUP):
         for fn in runners.values():
             fn()
-    for _ in range(reps):
-        for key, fn in runners.items():
+    order = list(runners.items())
+    for round_ in range(reps):
+        for key, fn in order if round_ % 2 == 0 else order[:1] + order[:0:-1]:
             _busy_wait(PAUSE)
             t0 = time.perf_counter()
             fn()
@@ -351,6 +377,7 @@ def run_bench(*, quick: bool = False, shapes: tuple[tuple[int, int], ...] | None
                 r = time_case(layout, dtype, channels, size, batch, reps, bandwidth, torch, target)
                 cases.append(r)
                 extra = f", torch {r.torch_ms:.2f} ms ({r.vs_torch:.2f}x)" if r.torch_ms else ""
+                extra += f", peer {r.peer_ms:.2f} ms (peer/oplower {r.peer_speedup:.2f})" if r.peer_ms else ""
                 progress(f"    {r.ms:.2f} ms, {r.gbps:.1f} GB/s, {r.vs_bound:.2f}x bound{extra}")
     in_graph = []
     if "f32" in dtypes:
@@ -381,6 +408,8 @@ def run_bench(*, quick: bool = False, shapes: tuple[tuple[int, int], ...] | None
             entry = {"geomean_vs_bound": _geomean([c.vs_bound for c in sel])}
             if sel and all(c.vs_torch for c in sel):
                 entry["geomean_vs_torch"] = _geomean([c.vs_torch for c in sel])
+            if sel and all(c.peer_speedup for c in sel):
+                entry["geomean_peer_speedup"] = _geomean([c.peer_speedup for c in sel])
             summary[f"{layout}/{dtype}"] = entry
         sel = [r for r in in_graph if r["layout"] == layout]
         if sel and all(r["vs_torch"] for r in sel):
@@ -403,13 +432,19 @@ def markdown(result: dict) -> str:
     lines = [f"Machine: {m['cpu']}, {m['cores']} cores; onnxruntime {m['onnxruntime']}; "
              f"copy bandwidth {result['copy_gbps']:.1f} GB/s; batch {result['batch']}, median of {result['reps']} "
              f"runs; torch {torch or 'not installed'}; target {result.get('target', 'onnxruntime')}.", "",
-             "| layout | dtype | C×H×W | ms | GB/s | × bound | torch ms | × torch |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+             "| layout | dtype | C×H×W | ms | GB/s | × bound | torch ms | × torch | peer ms | peer/oplower |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    if any(c.get("peer_ms") for c in result["cases"]):
+        lines[1:1] = ["", "peer: PyTorch's decomposition of native_batch_norm_backward exported to ONNX (opset 17) and "
+                      "run in the same onnxruntime, f32; peer/oplower > 1 means the lowering is faster."]
+
+    def num(value: float | None) -> str:
+        return f"{value:.2f}" if value else "–"
+
     for c in result["cases"]:
-        t_ms = f"{c['torch_ms']:.2f}" if c["torch_ms"] else "–"
-        t_x = f"{c['vs_torch']:.2f}" if c["vs_torch"] else "–"
         lines.append(f"| {c['layout']} | {c['dtype']} | {c['channels']}×{c['size']}² | {c['ms']:.2f} | "
-                     f"{c['gbps']:.1f} | {c['vs_bound']:.2f} | {t_ms} | {t_x} |")
+                     f"{c['gbps']:.1f} | {c['vs_bound']:.2f} | {num(c['torch_ms'])} | {num(c['vs_torch'])} | "
+                     f"{num(c.get('peer_ms'))} | {num(c.get('peer_speedup'))} |")
     if result.get("in_graph"):
         lines += ["", "In a training graph (f32): diff_src read by a ReduceSum instead of being a graph output; "
                   "torch: its backward, then `.sum()` of diff_src.", "",
@@ -418,11 +453,10 @@ def markdown(result: dict) -> str:
             t_ms = f"{r['torch_ms']:.2f}" if r["torch_ms"] else "–"
             t_x = f"{r['vs_torch']:.2f}" if r["vs_torch"] else "–"
             lines.append(f"| {r['layout']} | {r['channels']}×{r['size']}² | {r['ms']:.2f} | {t_ms} | {t_x} |")
-    lines += ["", "| layout/dtype | geomean × bound | geomean × torch |", "|---|---:|---:|"]
+    lines += ["", "| layout/dtype | geomean × bound | geomean × torch | geomean peer/oplower |", "|---|---:|---:|---:|"]
     for key, s in result["summary"].items():
-        vt = s.get("geomean_vs_torch")
-        vb = s.get("geomean_vs_bound")
-        lines.append(f"| {key} | {f'{vb:.2f}' if vb else '–'} | {f'{vt:.2f}' if vt else '–'} |")
+        lines.append(f"| {key} | {num(s.get('geomean_vs_bound'))} | {num(s.get('geomean_vs_torch'))} | "
+                     f"{num(s.get('geomean_peer_speedup'))} |")
     lines += ["", "| nodes | lower ms | ms/node | ms/node, all distinct | lowered nodes | session ms |",
               "|---:|---:|---:|---:|---:|---:|"]
     for row in result["pass"]:

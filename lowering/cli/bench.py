@@ -9,7 +9,8 @@ from pathlib import Path
 from lowering.rules import TARGETS
 from opdef.errors import OplowerError
 
-HELP = "time the lowered batch-norm backward on the ResNet-50 layers (vs. memory bound and torch) and the pass"
+HELP = ("time the lowered batch-norm backward on the ResNet-50 layers (vs. memory bound, torch and the peer) "
+        "and the pass")
 
 
 class OutputPathError(OplowerError):
@@ -19,7 +20,8 @@ class OutputPathError(OplowerError):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="fewer shapes and runs (about 20 seconds)")
     p.add_argument("--json", metavar="FILE", type=Path, help="also write every number to FILE as JSON")
-    p.add_argument("--no-torch", action="store_true", help="do not compare with torch even if it is importable")
+    p.add_argument("--no-torch", action="store_true",
+                   help="do not compare with torch (its fused kernel and the peer built with it) even if importable")
     p.add_argument("--target", choices=TARGETS, default="onnxruntime",
                    help="which lowering to time in onnxruntime (default: onnxruntime, the tuned one)")
     p.add_argument("--runtimes", action="store_true",

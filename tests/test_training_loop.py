@@ -170,10 +170,11 @@ def test_an_op_without_lowering_is_named(tmp_path):
 
 # -- the CLI -------------------------------------------------------------------------------------------
 
-def test_cli_trains_and_saves(tmp_path, capsys):
+@pytest.mark.parametrize("target", ["onnxruntime", "portable"])
+def test_cli_trains_and_saves(tmp_path, capsys, target):
     out = tmp_path / "trained.npz"
     code = main(["train", str(TINY), "--steps", "3", "--data", str(TINY / "data.npz"), "--lr", "0.01",
-                 "--save", str(out)])
+                 "--save", str(out), "--target", target])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     data = dict(np.load(TINY / "data.npz"))

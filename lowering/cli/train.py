@@ -13,6 +13,7 @@ import numpy as np
 from lowering.cli.arguments import positive_int
 from lowering.cli.run import load_npz
 from lowering.modelio import write_atomic
+from lowering.rules import TARGETS
 from lowering.training import Trainer, batches, initial_parameters, lower_artifacts
 from opdef.errors import OplowerError
 
@@ -36,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=1e-3, metavar="LR", help="learning rate (default 1e-3)")
     p.add_argument("--save", metavar="OUT.npz", help="write the trained parameters here")
     p.add_argument("--threads", type=positive_int, metavar="N", help="onnxruntime intra-op threads")
+    p.add_argument("--target", choices=TARGETS, default="onnxruntime",
+                   help="lowering target of both models (see oplower lower --help; default onnxruntime)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     directory = Path(args.artifacts)
     data_path = Path(args.data)
     data = load_npz(data_path)
-    models = lower_artifacts(directory)
+    models = lower_artifacts(directory, target=args.target)
     given = load_npz(Path(args.params)) if args.params else None
     start = initial_parameters(directory, models, given, args.params or "")
     feed = batches(data, models, start.frozen, str(data_path))

@@ -259,3 +259,39 @@ def test_portable_artifacts_train_like_onnxruntime_training(name):
     after = dict(np.load(directory / "api_optimizer_step1.npz"))
     for p in meta["trainable_params"]:
         _close(trainer.params[p], after[f"param.{p}"], 1e-5, f"{p} after one step")
+
+
+@pytest.mark.parametrize("name", ["cnn1d", "mlp_bce"])
+def test_lowered_optimizer_in_other_runtimes(name, tmp_path):
+    """The lowered optimizer model (one form for both targets) in the other runtimes of the README's Targets
+    table: onnx.reference runs it and gives onnxruntime's sequences; OpenVINO and tract take no model whose
+    inputs are tensor sequences (asserted refusals, so a runtime that learns them shows up here)."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = lower_artifacts(ROOT / "artifacts" / name, target="portable").optimizer
+    rng = np.random.default_rng(0)
+    shapes = {k: v.shape for k, v in np.load(ROOT / "artifacts" / name / "initial_params.npz").items()}
+    trainable = json.loads((ROOT / "artifacts" / name / "meta.json").read_text())["trainable_params"]
+    feeds = {"learning_rate": np.array([0.01], np.float32), "step": np.array([1], np.int64)}
+    sequences = [i.name for i in model.graph.input if i.type.HasField("sequence_type")]
+    for s in sequences:
+        feeds[s] = [rng.standard_normal(shapes[p]).astype(np.float32) for p in trainable]
+    names = [o.name for o in model.graph.output]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(names, feeds)
+    got = ReferenceEvaluator(model).run(names, feeds)
+    for n, w, g in zip(names, want, got, strict=True):
+        if isinstance(w, list):
+            assert len(g) == len(w) == len(trainable), n
+            for a, b in zip(w, g, strict=True):
+                np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7, err_msg=n)
+        else:
+            np.testing.assert_array_equal(g, w)
+    path = tmp_path / "optimizer.onnx"
+    onnx.save(model, path)
+    import openvino as ov
+    import tract
+
+    with pytest.raises(Exception, match="SequenceInsert|[Ss]equence"):
+        ov.Core().compile_model(str(path), "CPU")
+    with pytest.raises(Exception, match="has no type value"):
+        tract.onnx().load(str(path)).into_model().into_runnable()

@@ -163,7 +163,9 @@ def _sequence_loop(b: NodeBuilder, request: LoweringRequest, read_roles: tuple[s
     body.output.extend([helper.make_tensor_value_info(cond_out, TensorProto.BOOL, []),
                         *(helper.make_value_info(n, seq_type) for n in results)])
     final = [o or b.fresh("unused") for o in outputs]
-    b.op("Loop", [count, "", *starts], final, hint="update_loop", body=body)
+    # cond given (true) rather than omitted: onnx.reference's Loop runs no iteration without one
+    keep_going = b.const(np.array(True), hint="true")
+    b.op("Loop", [count, keep_going, *starts], final, hint="update_loop", body=body)
 
 
 def _sequence_elem_type(request: LoweringRequest) -> int:

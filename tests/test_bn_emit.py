@@ -198,14 +198,16 @@ def test_every_dx_formulation(monkeypatch, form, layout, io_type):
           io_type=io_type, offset=1e4, symbolic=True, tol=2e-5 if io_type == F32 else None)
 
 
-@pytest.mark.parametrize("io_type,internal", [(F16, False), (BF16, False), (F32, True)],
-                         ids=["f16", "bf16", "f32-read-by-nodes"])
+@pytest.mark.parametrize("io_type,internal", [(F16, False), (BF16, False), (F32, True), (F32, False)],
+                         ids=["f16", "bf16", "f32-read-by-nodes", "f32-graph-output"])
 @pytest.mark.parametrize("shape", [(2, 3, 196), (3, 4, 14, 14), (2, 3, 2, 10, 10)], ids=["rank3", "rank4", "rank5"])
 @pytest.mark.parametrize("offset", [0.0, 1e4])
 def test_depthwise_conv_form(io_type, internal, shape, offset):
-    """NCX with >= CONV_MIN_SPATIAL elements per (sample, channel) and the sum no graph output (f16/bf16,
-    or f32 diff_src that other nodes read): b*xc + c is a depthwise Conv; diff_src stays within 2e-6 of its
-    scale (f32) or one unit in the last place of the float64 result rounded (f16/bf16), |mean|/std 1e4 too."""
+    """NCX with >= CONV_MIN_SPATIAL elements per (sample, channel): diff_src's affine part is a depthwise Conv
+    with bias, added to a*dy where the sum is no graph output (f16/bf16, or f32 diff_src that other nodes
+    read), or to dy and then scaled by a where f32 diff_src is a graph output; no BatchNormalization.
+    diff_src stays within 2e-6 of its scale (f32) or one unit in the last place of the float64 result
+    rounded (f16/bf16), |mean|/std 1e4 too."""
     from lowering.numerics import compare
     from lowering.rules.batch_norm_backward.emit import CONV_MIN_SPATIAL
 
@@ -215,12 +217,17 @@ def test_depthwise_conv_form(io_type, internal, shape, offset):
     convs = [n for n in model.graph.node if n.op_type == "Conv" and n.attribute[0].i == shape[1]]
     assert len(convs) == 1
     assert not any(n.op_type == "BatchNormalization" for n in model.graph.node)
+    conv_out = convs[0].output[0]
+    add = next(n for n in model.graph.node if n.op_type == "Add" and conv_out in n.input)
+    graph_output = io_type == F32 and not internal
+    assert ("diff_dst" in add.input) == graph_output  # dy itself, or a*dy
+    if graph_output:  # then the Mul by a writes the output
+        assert any(n.op_type == "Mul" and add.output[0] in n.input and "dx" in n.output for n in model.graph.node)
     result = compare("diff_src", want["diff_src"], got["dx"], io_type)
     assert result.ok, result.describe()
 
 
 @pytest.mark.parametrize("io_type,shape,channel_axis", [
-    (F32, (3, 4, 14, 14), 1),  # f32 graph output: the fusion would copy first
     (BF16, (3, 4, 7, 7), 1),  # 49 < CONV_MIN_SPATIAL: BatchNormalization measured faster
     (BF16, (3, 14, 14, 4), 3),  # NXC
     (BF16, (2, 3, 2, 2, 2, 5, 5), 1),  # rank 7: Conv has at most 3 spatial axes in onnxruntime

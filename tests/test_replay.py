@@ -224,8 +224,8 @@ def test_copies_inside_a_model_local_function():
 
 def test_the_key_includes_which_outputs_are_graph_outputs():
     """Identical nodes, every output type declared: a diff_src that is a graph output, one read by a node:
-    f32 NCX lowers the second with the in-place Conv form (lowering/bn_emit.py), the first without, and
-    each is exact."""
+    f32 NCX adds the second's depthwise Conv to a*dy in place, the first's to dy and scales by a last
+    (lowering/rules/batch_norm_backward/emit.py), and each is exact."""
     shape = [2, 3, 14, 14]
     nodes, inputs = _own_nodes(4, shape)
     nodes += [helper.make_node("Relu", ["dx_1"], ["relu1"], name="relu1"),
@@ -233,8 +233,13 @@ def test_the_key_includes_which_outputs_are_graph_outputs():
     outputs = (_outputs(0, shape) + _outputs(1, shape, which=(1, 2)) + _outputs(2, shape)
                + _outputs(3, shape, which=(1, 2)) + [vi("relu1", F32, shape), vi("relu3", F32, shape)])
     lowered = _check(_declared(_model(nodes, inputs, outputs), shape, 4))
-    convs = [n.name.split("/")[0] for n in lowered.graph.node if n.op_type == "Conv" and n.attribute[0].i == 3]
-    assert convs == ["bn_1", "bn_3"]  # group = C: b*xc + c (the other Conv, group = N*C, sums dy*xc in all)
+    convs = [n for n in lowered.graph.node if n.op_type == "Conv" and n.attribute[0].i == 3]
+    assert [n.name.split("/")[0] for n in convs] == ["bn_0", "bn_1", "bn_2", "bn_3"]  # group = C (the other
+    # Conv, group = N*C, sums dy*xc in all)
+    adds = {n.output[0]: n for n in lowered.graph.node if n.op_type == "Add" and any(c.output[0] in n.input
+                                                                                    for c in convs)}
+    scaled_last = [n.name.split("/")[0] for n in lowered.graph.node if n.op_type == "Mul" and set(adds) & set(n.input)]
+    assert scaled_last == ["bn_0", "bn_2"]  # the graph outputs
 
 
 def test_a_lowering_with_subgraphs_is_never_copied(monkeypatch):

@@ -94,11 +94,17 @@ def test_resnet50_shaped_graph(layout, io_type, monkeypatch):
     onnx.checker.check_model(lowered, full_check=True)
     assert report.lowered == {"onednn::BatchNormTrainingBackward": 53}
     assert {n.domain for n in lowered.graph.node} == {""}
-    if layout == "NCX":  # the in-place Conv form where diff_src is read by a node (f32) or Cast (bf16)
-        convs = {n.name.split("/")[0] for n in lowered.graph.node if n.op_type == "Conv"}
+    if layout == "NCX":  # the depthwise Conv forms from 14x14 up: in place into a*dy where diff_src is read
+        # by a node (f32) or a Cast (bf16); added to dy, then scaled by a, where f32 diff_src is a graph output
+        convs = [n for n in lowered.graph.node if n.op_type == "Conv"]
+        wide = {f"bn{i}" for i, (c, s) in enumerate(resnet50_layers()) if s * s >= 196}
         internal = {f"bn{i}" for i, (c, s) in enumerate(resnet50_layers()) if s * s >= 196
                     and (i % 2 or io_type == BF16)}
-        assert convs == internal
+        assert {n.name.split("/")[0] for n in convs} == wide
+        adds = {n.output[0] for n in lowered.graph.node if n.op_type == "Add"
+                and any(c.output[0] in n.input for c in convs)}
+        scaled_last = {n.name.split("/")[0] for n in lowered.graph.node if n.op_type == "Mul" and adds & set(n.input)}
+        assert scaled_last == wide - internal
     feeds = _feeds(model, io_type)
     got = run_model(lowered, feeds)
     want = evaluate(model, feeds)

@@ -17,17 +17,27 @@ import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_max_pool import MaxPool as _ReferenceMaxPool
 
 from opdef import in_place
 from opdef.errors import ModelError, OplowerError, RuntimeFailure, VerificationError
 from opdef.graphs import all_nodes
 from opdef.registry import Entry, Registry
-from runtime import reference, reference_training
+from opdef.rules.pool_grad import pool_parameters
+from runtime import reference, reference_training, reference_updates
 
 SINGLE_OUTPUT_MODES = ("spec", "upstream")
 # An omitted output ("") of a custom node is renamed to this prefix + a number on the evaluator's copy:
 # the evaluator stores every result under its output name, and "" is its marker of an omitted input.
 _OMITTED = "oplower::omitted::"
+# The evaluator's copy gives a node whose output shape the graph decides (the pool gradients' dX, an update
+# flag's rank) this attribute: the declared shape of that output, which an OpRun cannot see otherwise.
+_DECLARED = "oplower_declared_shape"
+_DECLARED_OUTPUT = {"max_pool_grad": "dX", "average_pool_grad": "dX", "in_place_accumulator": "updated"}
+# ... and, to a custom node a standard op reads from (a training graph's forward BatchNormInternal feeding
+# a Relu), this one: its results are rounded to their types even in exact mode, since onnx.reference's
+# standard ops refuse mixed float64 / float32 inputs. Results only graph outputs read stay float64.
+_ROUNDED = "oplower_rounded"
 
 
 class _Node:
@@ -157,8 +167,8 @@ def _batch_norm_internal(n: _Node, exact: bool, single_output: str) -> tuple:
 RULES = {"batch_norm_backward": _batch_norm_backward, "batch_norm_internal": _batch_norm_internal}
 
 
-# -- onnxruntime-training's gradient ops (runtime.reference_training); the pool gradients are not here: their
-# -- dX shape comes from the graph's declared types, which an op of the reference evaluator does not see
+# -- onnxruntime-training's gradient ops (runtime.reference_training); the pool gradients' dX shape is the
+# -- graph's declared one (_DECLARED, set by _prepared_copy), as onnxruntime's kernels take it
 
 def _rounded(n: _Node, exact: bool, values: Mapping[str, np.ndarray], dtype: np.dtype) -> tuple:
     return n.results({role: (value, None if exact else dtype) for role, value in values.items()})
@@ -200,8 +210,114 @@ def _softmax_cross_entropy_loss_grad(n: _Node, exact: bool, single_output: str) 
     return _rounded(n, exact, {"d_logits": d_logits}, log_prob.dtype)
 
 
+def _declared_shape(n: _Node, role: str) -> tuple[int, ...] | None:
+    value = n.attrs.get(_DECLARED)
+    return None if value is None else tuple(int(d) for d in value)
+
+
+def _pool_dx_shape(n: _Node) -> tuple[int, ...]:
+    shape = _declared_shape(n, "dX")
+    if shape is None:
+        raise n.fail("the graph declares no static shape for dX (its spatial dims are not computable from dY)")
+    return shape
+
+
+def _max_pool_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy = n.input("dY")
+    dx = reference_training.max_pool_grad(dy, n.input("Indices"), _pool_dx_shape(n))
+    return _rounded(n, exact, {"dX": dx}, dy.dtype)
+
+
+def _average_pool_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy = n.input("dY")
+    shape = _pool_dx_shape(n)
+    try:
+        params = pool_parameters({k: n.attribute_named(k) for k in ("kernel_shape", "strides", "dilations", "pads",
+                                                                    "auto_pad", "count_include_pad")},
+                                 len(shape) - 2)
+    except ValueError as exc:
+        raise n.fail(str(exc)) from None
+    if params.kernel_shape is None:
+        raise n.fail("kernel_shape is missing")
+    dx = reference_training.average_pool_grad(dy, shape, params.kernel_shape, params.strides, params.pads,
+                                              int(params.count_include_pad))
+    return _rounded(n, exact, {"dX": dx}, dy.dtype)
+
+
 RULES |= {"relu_grad": _relu_grad, "sigmoid_grad": _sigmoid_grad, "scale": _scale, "conv_grad": _conv_grad,
-          "softmax_cross_entropy_loss_grad": _softmax_cross_entropy_loss_grad}
+          "softmax_cross_entropy_loss_grad": _softmax_cross_entropy_loss_grad, "max_pool_grad": _max_pool_grad,
+          "average_pool_grad": _average_pool_grad}
+
+
+# -- onnxruntime-training's in-place update ops (runtime.reference_updates): their results; the
+# -- '<input>.updated' graph outputs are added by _prepared_copy (opdef.in_place), as by the lowering
+
+def _flag(n: _Node, value: bool, shape: tuple[int, ...]) -> np.ndarray:
+    return np.full(shape, value, dtype=bool)
+
+
+def _optional_bool(n: _Node, role: str) -> bool | None:
+    value = n.input(role, required=False) if n.has_input(role) else None
+    return None if value is None or value.size == 0 else bool(value.reshape(-1)[0])
+
+
+def _sequence_results(n: _Node, values: Mapping[str, Any]) -> tuple:
+    """Outputs in the node's order; sequences are lists (what the evaluator passes for sequence values)."""
+    out: list[Any] = [np.empty(0)] * len(n.node.output)
+    for role, value in values.items():
+        index = n.output_index(role)
+        if index is not None:
+            out[index] = value
+    return tuple(out)
+
+
+def _in_place_accumulator(n: _Node, exact: bool, single_output: str) -> tuple:
+    buffer = n.input("buffer")
+    flag, new = reference_updates.in_place_accumulator(buffer, n.input("value"), _optional_bool(n, "overwrite"))
+    shape = _declared_shape(n, "updated") or ()
+    return n.results({"updated": (_flag(n, flag, shape), None),
+                      "buffer_out": (new, None if exact else buffer.dtype)})
+
+
+def _sequence(n: _Node, role: str) -> list[np.ndarray]:
+    name = n.binding.arg(role)
+    index = n.schema.input_index(name)
+    value = n.inputs[index] if index < len(n.inputs) else None
+    if value is None:
+        raise n.fail(f"input {name!r} ({role}) is missing")
+    return [np.asarray(v) for v in value]
+
+
+def _rounded_list(values: list[np.ndarray], like: list[np.ndarray], exact: bool) -> list[np.ndarray]:
+    return values if exact else [v.astype(w.dtype) for v, w in zip(values, like, strict=True)]
+
+
+def _sgd_optimizer(n: _Node, exact: bool, single_output: str) -> tuple:
+    lr = n.input("lr")
+    weights = _sequence(n, "params")
+    flag, new = reference_updates.sgd_optimizer(float(lr.reshape(-1)[0]), weights, _sequence(n, "gradients"),
+                                                _optional_bool(n, "update_signal"))
+    return _sequence_results(n, {"updated": _flag(n, flag, lr.shape),
+                                 "params_out": _rounded_list(new, weights, exact)})
+
+
+def _adamw_optimizer(n: _Node, exact: bool, single_output: str) -> tuple:
+    step = n.input("step")
+    weights, m1, m2 = (_sequence(n, r) for r in ("params", "first_moments", "second_moments"))
+    f32 = np.float32  # the graph stores the hyper-parameters as float attributes
+    hyper = {r: float(f32(n.attribute(r))) for r in ("alpha", "beta", "epsilon", "weight_decay")}
+    flag, w, new_m1, new_m2 = reference_updates.adamw_optimizer(
+        float(n.input("lr").reshape(-1)[0]), int(step.reshape(-1)[0]), weights, _sequence(n, "gradients"), m1, m2,
+        **hyper, adam_mode=int(n.attribute("adam_mode")), correct_bias=int(n.attribute("correct_bias")),
+        update_signal=_optional_bool(n, "update_signal"))
+    return _sequence_results(n, {"updated": _flag(n, flag, step.shape),
+                                 "params_out": _rounded_list(w, weights, exact),
+                                 "first_moments_out": _rounded_list(new_m1, m1, exact),
+                                 "second_moments_out": _rounded_list(new_m2, m2, exact)})
+
+
+RULES |= {"in_place_accumulator": _in_place_accumulator, "sgd_optimizer": _sgd_optimizer,
+          "adamw_optimizer": _adamw_optimizer}
 
 
 def op_classes(registry: Registry, *, exact: bool = False, single_output: str = "spec") -> list[type[OpRun]]:
@@ -215,7 +331,7 @@ def op_classes(registry: Registry, *, exact: bool = False, single_output: str = 
             continue
 
         def _run(self, *inputs, _entry=entry, _rule=evaluate_rule, **attrs):
-            return _rule(_Node(_entry, self, inputs, attrs), exact, single_output)
+            return _rule(_Node(_entry, self, inputs, attrs), exact and not attrs.get(_ROUNDED), single_output)
 
         classes.append(type(entry.binding.op_type, (OpRun,), {
             "op_domain": entry.binding.domain,
@@ -224,6 +340,39 @@ def op_classes(registry: Registry, *, exact: bool = False, single_output: str = 
             "__doc__": f"float64 reference of {entry.binding.domain}::{entry.binding.op_type}",
         }))
     return classes
+
+
+class _MaxPoolWithIndices(_ReferenceMaxPool):
+    """onnx.reference's MaxPool, except for the Indices of an undilated, row-major MaxPool: onnx.reference
+    computes them wrong where the pool has pads (onnx 1.23: negative or shifted indices), and the
+    training graphs' MaxPoolGrad reads them; there the float64 max_pool of runtime.reference_training
+    (onnxruntime's first-maximum rule, flat positions in the whole input) gives both outputs."""
+
+    def _run(self, x, auto_pad=None, ceil_mode=None, dilations=None, kernel_shape=None, pads=None,
+             storage_order=None, strides=None):
+        spatial = x.ndim - 2
+        plain = (len(self.onnx_node.output) > 1 and self.onnx_node.output[1] and not storage_order
+                 and all(d == 1 for d in (dilations or [1] * spatial))
+                 and (auto_pad in (None, "NOTSET", b"NOTSET", "VALID", b"VALID")))
+        if not plain:
+            return super()._run(x, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
+                                kernel_shape=kernel_shape, pads=pads, storage_order=storage_order, strides=strides)
+        valid = auto_pad in ("VALID", b"VALID")
+        pads = [0] * (2 * spatial) if valid or pads is None else list(pads)
+        strides = list(strides or [1] * spatial)
+        out = []
+        for a in range(spatial):
+            span = x.shape[2 + a] + pads[a] + pads[spatial + a] - kernel_shape[a]
+            size = (-(-span // strides[a]) if ceil_mode else span // strides[a]) + 1
+            if ceil_mode and (size - 1) * strides[a] >= x.shape[2 + a] + pads[a]:
+                size -= 1  # a last window that would start in the end padding is dropped
+            out.append(size)
+        y, indices = reference_training.max_pool(x, kernel_shape, strides, pads, out)
+        return y.astype(x.dtype), indices
+
+
+_MaxPoolWithIndices.__name__ = "MaxPool"  # the evaluator keys new_ops by (op_domain, class name)
+_MaxPoolWithIndices.op_domain = ""
 
 
 def _prepared_copy(model: onnx.ModelProto, registry: Registry) -> onnx.ModelProto:
@@ -235,8 +384,22 @@ def _prepared_copy(model: onnx.ModelProto, registry: Registry) -> onnx.ModelProt
     graph = copy.graph
     taken = {name for node in all_nodes(graph) for name in (*node.input, *node.output)}
     taken |= {v.name for v in (*graph.input, *graph.output)} | {t.name for t in graph.initializer}
+    declared = {v.name: v.type.tensor_type.shape for v in (*graph.value_info, *graph.output)
+                if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
+    read_by_standard = {name for node in all_nodes(graph) if registry.get(node.domain, node.op_type) is None
+                        for name in node.input}
     nodes = []
     for node in graph.node:
+        entry = registry.get(node.domain, node.op_type)
+        role = None if entry is None else _DECLARED_OUTPUT.get(entry.binding.rule)
+        if role is not None:
+            index = entry.schema.output_index(entry.binding.arg(role))
+            shape = declared.get(node.output[index]) if index < len(node.output) else None
+            if shape is not None and all(d.HasField("dim_value") for d in shape.dim):
+                node.attribute.append(onnx.helper.make_attribute(_DECLARED, [d.dim_value for d in shape.dim],
+                                                                 attr_type=onnx.AttributeProto.INTS))
+        if entry is not None and read_by_standard.intersection(node.output):
+            node.attribute.append(onnx.helper.make_attribute(_ROUNDED, 1))
         node, _, joins = in_place.expose(node, registry, graph, taken, {})
         nodes.append(node)
         nodes += [onnx.helper.make_node("Identity", [produced], [exposed]) for produced, exposed in joins]
@@ -276,7 +439,7 @@ def reference_evaluator(model: onnx.ModelProto | str | Path, *, registry: Regist
         except Exception as exc:
             raise ModelError(f"{model}: not a readable ONNX model ({type(exc).__name__})") from None
     model = _prepared_copy(model, registry)
-    classes = op_classes(registry, exact=exact, single_output=single_output)
+    classes = [*op_classes(registry, exact=exact, single_output=single_output), _MaxPoolWithIndices]
     try:
         # Built from the graph, not the model: ReferenceEvaluator gives a model's functions no new_ops.
         functions: list[ReferenceEvaluator] = []

@@ -210,13 +210,14 @@ def _softmax_cross_entropy_loss_grad(n: _Node, exact: bool, single_output: str) 
     return _rounded(n, exact, {"d_logits": d_logits}, log_prob.dtype)
 
 
-def _declared_shape(n: _Node, role: str) -> tuple[int, ...] | None:
+def _declared_shape(n: _Node) -> tuple[int, ...] | None:
+    """The declared shape of the node's _DECLARED_OUTPUT role, when the graph gives a static one."""
     value = n.attrs.get(_DECLARED)
     return None if value is None else tuple(int(d) for d in value)
 
 
 def _pool_dx_shape(n: _Node) -> tuple[int, ...]:
-    shape = _declared_shape(n, "dX")
+    shape = _declared_shape(n)
     if shape is None:
         raise n.fail("the graph declares no static shape for dX (its spatial dims are not computable from dY)")
     return shape
@@ -252,7 +253,7 @@ RULES |= {"relu_grad": _relu_grad, "sigmoid_grad": _sigmoid_grad, "scale": _scal
 # -- onnxruntime-training's in-place update ops (runtime.reference_updates): their results; the
 # -- '<input>.updated' graph outputs are added by _prepared_copy (opdef.in_place), as by the lowering
 
-def _flag(n: _Node, value: bool, shape: tuple[int, ...]) -> np.ndarray:
+def _flag(value: bool, shape: tuple[int, ...]) -> np.ndarray:
     return np.full(shape, value, dtype=bool)
 
 
@@ -274,8 +275,8 @@ def _sequence_results(n: _Node, values: Mapping[str, Any]) -> tuple:
 def _in_place_accumulator(n: _Node, exact: bool, single_output: str) -> tuple:
     buffer = n.input("buffer")
     flag, new = reference_updates.in_place_accumulator(buffer, n.input("value"), _optional_bool(n, "overwrite"))
-    shape = _declared_shape(n, "updated") or ()
-    return n.results({"updated": (_flag(n, flag, shape), None),
+    shape = _declared_shape(n) or ()
+    return n.results({"updated": (_flag(flag, shape), None),
                       "buffer_out": (new, None if exact else buffer.dtype)})
 
 
@@ -297,7 +298,7 @@ def _sgd_optimizer(n: _Node, exact: bool, single_output: str) -> tuple:
     weights = _sequence(n, "params")
     flag, new = reference_updates.sgd_optimizer(float(lr.reshape(-1)[0]), weights, _sequence(n, "gradients"),
                                                 _optional_bool(n, "update_signal"))
-    return _sequence_results(n, {"updated": _flag(n, flag, lr.shape),
+    return _sequence_results(n, {"updated": _flag(flag, lr.shape),
                                  "params_out": _rounded_list(new, weights, exact)})
 
 
@@ -310,7 +311,7 @@ def _adamw_optimizer(n: _Node, exact: bool, single_output: str) -> tuple:
         float(n.input("lr").reshape(-1)[0]), int(step.reshape(-1)[0]), weights, _sequence(n, "gradients"), m1, m2,
         **hyper, adam_mode=int(n.attribute("adam_mode")), correct_bias=int(n.attribute("correct_bias")),
         update_signal=_optional_bool(n, "update_signal"))
-    return _sequence_results(n, {"updated": _flag(n, flag, step.shape),
+    return _sequence_results(n, {"updated": _flag(flag, step.shape),
                                  "params_out": _rounded_list(w, weights, exact),
                                  "first_moments_out": _rounded_list(new_m1, m1, exact),
                                  "second_moments_out": _rounded_list(new_m2, m2, exact)})

@@ -319,8 +319,8 @@ class _Lowering:
             request = LoweringRequest(inference, wanted, self.options, graph_outputs)
             check_target(inference.binding.rule, request)
             rule_for(inference.binding.rule)(builder, request)
-            emitted = (n for top in builder.nodes for n in (top, *(m for g in subgraphs(top) for m in all_nodes(g))))
-            check_portable(request, (n.op_type for n in emitted))  # Loop / If bodies too
+            check_portable(request, (n.op_type for top in builder.nodes  # Loop / If bodies too
+                                     for n in (top, *(m for g in subgraphs(top) for m in all_nodes(g)))))
             live, produced = _checked_live(node, builder, wanted, scope.constant_names)
             dead = [i for i in range(len(builder.nodes)) if i not in live]
             for i in reversed(dead):

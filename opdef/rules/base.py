@@ -224,6 +224,25 @@ def number_attribute(ctx: NodeContext, name: str) -> float:
     return float(value)
 
 
+def per_axis_attribute(attributes: Mapping[str, Any], name: str, default: int | None, spatial: int, *,
+                       per_axis: int = 1, minimum: int = 0,
+                       error: type[ValueError] = ValueError) -> tuple[int, ...] | None:
+    """A windowed op's list attribute with ``per_axis`` entries per spatial axis (pads: 2): the node's
+    value, else ``default`` repeated (None when ``default`` is None); ``error`` names the attribute when its
+    length or an entry does not fit."""
+    length = per_axis * spatial
+    value = attributes.get(name)
+    if value is None:
+        return None if default is None else (default,) * length
+    value = tuple(int(v) for v in value)
+    if len(value) != length:
+        raise error(f"{name} has {len(value)} entries {list(value)}; expected {length} "
+                    f"({'two' if per_axis == 2 else 'one'} per spatial axis)")
+    if any(v < minimum for v in value):
+        raise error(f"{name} is {list(value)}; every entry must be >= {minimum}")
+    return value
+
+
 def epsilon_attribute(ctx: NodeContext, name: str) -> float:
     """epsilon: finite and > 0 (labelled with the spec's constraint that says so, where it has one)."""
     value = number_attribute(ctx, name)

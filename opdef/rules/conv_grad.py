@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opdef.node import TensorType
-from opdef.rules.base import NodeContext, RuleResult, bound_roles, format_shape, register_rule
+from opdef.rules.base import NodeContext, RuleResult, bound_roles, format_shape, per_axis_attribute, register_rule
 
 REFUSED_AUTO_PAD = ("SAME_UPPER", "SAME_LOWER")
 
@@ -37,34 +37,26 @@ class ParameterError(ValueError):
 
 def conv_parameters(attributes: Mapping[str, Any], spatial: int, kernel: Sequence[Any] | None) -> ConvParameters:
     """Per-axis attribute lists for ``spatial`` spatial axes; ``kernel``: W's spatial dims if known."""
-    def listed(name: str, default: int, length: int, minimum: int) -> tuple[int, ...]:
-        value = attributes.get(name)
-        if value is None:
-            return (default,) * length
-        value = tuple(int(v) for v in value)
-        if len(value) != length:
-            raise ParameterError(f"{name} has {len(value)} entries {list(value)}; expected {length} "
-                                 f"({'two ' if length == 2 * spatial else 'one '}per spatial axis)")
-        if any(v < minimum for v in value):
-            raise ParameterError(f"{name} is {list(value)}; every entry must be >= {minimum}")
-        return value
+    def listed(name: str, default: int, per_axis: int, minimum: int) -> tuple[int, ...]:
+        return per_axis_attribute(attributes, name, default, spatial, per_axis=per_axis, minimum=minimum,
+                                  error=ParameterError)
 
-    group = int(attributes.get("group", 1) if attributes.get("group") is not None else 1)
+    group = 1 if attributes.get("group") is None else int(attributes["group"])
     if group < 1:
         raise ParameterError(f"group is {group}; it must be positive")
     auto_pad = attributes.get("auto_pad") or "NOTSET"
     if auto_pad in REFUSED_AUTO_PAD:
         raise ParameterError(f"auto_pad is {auto_pad!r}; onnxruntime's kernel reads only pads, so only NOTSET "
                              "and VALID are supported")
-    kernel_shape = None if attributes.get("kernel_shape") is None else listed("kernel_shape", 1, spatial, 1)
+    kernel_shape = None if attributes.get("kernel_shape") is None else listed("kernel_shape", 1, 1, 1)
     if kernel_shape is not None and kernel is not None:
         for a, (want, have) in enumerate(zip(kernel_shape, kernel, strict=True)):
             if isinstance(have, int) and have != want:
                 raise ParameterError(f"kernel_shape is {list(kernel_shape)} but W's spatial shape is "
                                      f"{format_shape(kernel)} (axis {a + 2})")
-    pads = (0,) * (2 * spatial) if auto_pad == "VALID" else listed("pads", 0, 2 * spatial, 0)
-    return ConvParameters(group=group, kernel_shape=kernel_shape, strides=listed("strides", 1, spatial, 1),
-                          dilations=listed("dilations", 1, spatial, 1), pads=pads)
+    pads = (0,) * (2 * spatial) if auto_pad == "VALID" else listed("pads", 0, 2, 0)
+    return ConvParameters(group=group, kernel_shape=kernel_shape, strides=listed("strides", 1, 1, 1),
+                          dilations=listed("dilations", 1, 1, 1), pads=pads)
 
 
 @register_rule("conv_grad")

@@ -13,7 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from opdef.node import TensorType
-from opdef.rules.base import Conflict, NodeContext, RuleResult, bound_roles, format_shape, merge_shape, register_rule
+from opdef.rules.base import (
+    Conflict,
+    NodeContext,
+    RuleResult,
+    bound_roles,
+    format_shape,
+    merge_shape,
+    per_axis_attribute,
+    register_rule,
+)
 
 
 @dataclass(frozen=True)
@@ -27,25 +36,16 @@ class PoolParameters:
 
 def pool_parameters(attributes: Mapping[str, Any], spatial: int) -> PoolParameters:
     """Per-axis lists with defaults applied; raises ValueError naming the attribute that does not fit."""
-    def listed(name: str, default: int, length: int, minimum: int) -> tuple[int, ...] | None:
-        value = attributes.get(name)
-        if value is None:
-            return None if default is None else (default,) * length
-        value = tuple(int(v) for v in value)
-        if len(value) != length:
-            raise ValueError(f"{name} has {len(value)} entries {list(value)}; expected {length} "
-                             f"({'two' if length == 2 * spatial else 'one'} per spatial axis)")
-        if any(v < minimum for v in value):
-            raise ValueError(f"{name} is {list(value)}; every entry must be >= {minimum}")
-        return value
+    def listed(name: str, default: int | None, per_axis: int, minimum: int) -> tuple[int, ...] | None:
+        return per_axis_attribute(attributes, name, default, spatial, per_axis=per_axis, minimum=minimum)
 
     auto_pad = attributes.get("auto_pad") or "NOTSET"
     if auto_pad not in ("NOTSET", "VALID"):
         raise ValueError(f"auto_pad is {auto_pad!r}; onnxruntime's kernel reads only pads, so only NOTSET and "
                          "VALID are supported")
-    pads = (0,) * (2 * spatial) if auto_pad == "VALID" else listed("pads", 0, 2 * spatial, 0)
-    return PoolParameters(kernel_shape=listed("kernel_shape", None, spatial, 1),
-                          strides=listed("strides", 1, spatial, 1), dilations=listed("dilations", 1, spatial, 1),
+    pads = (0,) * (2 * spatial) if auto_pad == "VALID" else listed("pads", 0, 2, 0)
+    return PoolParameters(kernel_shape=listed("kernel_shape", None, 1, 1),
+                          strides=listed("strides", 1, 1, 1), dilations=listed("dilations", 1, 1, 1),
                           pads=pads, count_include_pad=bool(attributes.get("count_include_pad") or 0))
 
 

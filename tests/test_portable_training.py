@@ -26,9 +26,9 @@ from test_ort_training_artifacts import ARTIFACTS, _gradients_exposed
 from test_ort_training_artifacts import NAMES as ARTIFACT_NAMES
 from test_pool_grads import _case as _pool_case
 from test_portable import _run as _run_any
-from test_training_grads import _conv_case, _sce_case
+from test_training_grads import _conv_case, _sce_case, draw_conv_geometry
 from test_training_grads_recorded import CASES as RECORDED_CASES
-from test_training_grads_recorded import FIXTURES
+from test_training_grads_recorded import assert_matches_recorded, load_case
 
 from lowering.cli import main
 from lowering.passes import lower_model
@@ -364,26 +364,12 @@ def test_portable_average_pool_grad_needs_static_dy():
 
 @pytest.mark.parametrize("case", RECORDED_CASES, ids=lambda c: f"{c['op_type']}-{c['variant']}")
 def test_recorded_cases_portable(case):
-    model = onnx.load(str(FIXTURES / case["model"]))
-    arrays = np.load(FIXTURES / case["arrays"])
-    recorded = {key[4:]: arrays[key] for key in arrays.files if key.startswith("out.")}
-    for output in model.graph.output:
-        if not output.type.HasField("tensor_type"):  # untyped in the recording (see test_ort_training_fixtures)
-            want = recorded[output.name]
-            output.type.CopyFrom(helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(want.dtype),
-                                                               list(want.shape)))
+    model, feeds, recorded = load_case(case)
     lowered = lower_model(model, target="portable")
     onnx.checker.check_model(lowered, full_check=True)
     ops = {n.op_type for n in lowered.graph.node}
     assert ops <= PORTABLE_OPS, sorted(ops - PORTABLE_OPS)
-    got = run_model(lowered, {key[3:]: arrays[key] for key in arrays.files if key.startswith("in.")})
-    assert recorded and set(recorded) <= set(got)
-    for name, want in recorded.items():
-        assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
-        tolerance = 1e-3 if want.dtype == np.float16 else 1e-5
-        scale = max(float(np.max(np.abs(want.astype(np.float64)))), 1e-30)
-        err = float(np.max(np.abs(got[name].astype(np.float64) - want.astype(np.float64)))) / scale
-        assert err <= tolerance, f"{name}: {err:.3g} of the largest entry"
+    assert_matches_recorded(run_model(lowered, feeds), recorded)
 
 
 # tract 0.23 has no SoftmaxCrossEntropyLoss with its log_prob output (the cnn's forward loss, left as it is);
@@ -431,20 +417,9 @@ def test_training_step_portable(name, runtime, tmp_path):
 def test_portable_conv_grad_over_random_geometry(data):
     """1-3 spatial axes, groups (incl. depthwise), strides, dilations and asymmetric pads: im2col/col2im's
     residue classes, shifts, crops and tails."""
-    spatial = data.draw(st.integers(1, 3), "spatial axes")
-    group = data.draw(st.sampled_from([1, 2, 3]), "group")
-    per_group_in, per_group_out = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))
-    kernel = [data.draw(st.integers(1, 3)) for _ in range(spatial)]
-    dilations = [data.draw(st.integers(1, 2)) for _ in range(spatial)]
-    strides = [data.draw(st.integers(1, 3)) for _ in range(spatial)]
-    pads = [data.draw(st.integers(0, 2)) for _ in range(2 * spatial)]
-    sizes = []
-    for a in range(spatial):  # big enough for one window
-        span = dilations[a] * (kernel[a] - 1) + 1
-        sizes.append(data.draw(st.integers(max(1, span - pads[a] - pads[a + spatial]), span + 4)))
-    attrs = {"group": group, "strides": strides, "dilations": dilations, "pads": pads}
-    model, feeds, expected, _ = _conv((2, group * per_group_in, *sizes), (group * per_group_out, per_group_in,
-                                                                          *kernel), attrs)
+    x_shape, w_shape, attrs = draw_conv_geometry(data)
+    group = attrs["group"]
+    model, feeds, expected, _ = _conv(x_shape, w_shape, attrs)
     lowered = lower_model(model, target="portable")
     assert {n.op_type for n in lowered.graph.node} <= PORTABLE_OPS
     got = run_model(lowered, feeds)

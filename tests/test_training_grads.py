@@ -463,9 +463,9 @@ def test_relu_grad_and_scale_references_match_finite_differences():
             assert abs(np.sum(ref.scale(dy, s, down) * v) - numeric) <= 1e-6 * max(1.0, abs(numeric))
 
 
-@given(st.data())
-def test_conv_grad_lowering_over_random_geometry(data):
-    """Any legal geometry: 1-3 spatial axes, groups, strides, dilations and (asymmetric) pads."""
+def draw_conv_geometry(data) -> tuple[tuple[int, ...], tuple[int, ...], dict]:
+    """A legal ConvGrad geometry drawn by hypothesis: (X shape, W shape, attributes) with 1-3 spatial axes,
+    groups, strides, dilations and (asymmetric) pads, X big enough for one window."""
     spatial = data.draw(st.integers(1, 3), "spatial axes")
     group = data.draw(st.sampled_from([1, 2, 3]), "group")
     per_group_in, per_group_out = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))
@@ -474,12 +474,18 @@ def test_conv_grad_lowering_over_random_geometry(data):
     strides = [data.draw(st.integers(1, 3)) for _ in range(spatial)]
     pads = [data.draw(st.integers(0, 2)) for _ in range(2 * spatial)]
     sizes = []
-    for a in range(spatial):  # big enough for one window
+    for a in range(spatial):
         span = dilations[a] * (kernel[a] - 1) + 1
         sizes.append(data.draw(st.integers(max(1, span - pads[a] - pads[a + spatial]), span + 4)))
-    x_shape = (2, group * per_group_in, *sizes)
-    w_shape = (group * per_group_out, per_group_in, *kernel)
     attrs = {"group": group, "strides": strides, "dilations": dilations, "pads": pads}
+    return (2, group * per_group_in, *sizes), (group * per_group_out, per_group_in, *kernel), attrs
+
+
+@given(st.data())
+def test_conv_grad_lowering_over_random_geometry(data):
+    """Any legal geometry: 1-3 spatial axes, groups, strides, dilations and (asymmetric) pads."""
+    x_shape, w_shape, attrs = draw_conv_geometry(data)
+    group = attrs["group"]
     x, w, dy, (dx, dw, db) = _conv_case(x_shape, w_shape, attrs)
     model = one_node_model(_conv(**attrs), [("dy", F32, list(dy.shape)), ("x", F32, list(x_shape)),
                                             ("w", F32, list(w_shape))],

@@ -25,21 +25,23 @@ def test_every_gradient_op_has_recorded_cases():
     assert len(CASES) >= 40
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['op_type']}-{c['variant']}")
-def test_lowering_matches_onnxruntime_training(case):
+def load_case(case: dict) -> tuple[onnx.ModelProto, dict, dict]:
+    """A recorded one-node case: (model, feeds, recorded outputs). The recorder left most outputs untyped;
+    onnx.checker refuses that, so they get the recorded arrays' types."""
     model = onnx.load(str(FIXTURES / case["model"]))
     arrays = np.load(FIXTURES / case["arrays"])
     recorded = {key[4:]: arrays[key] for key in arrays.files if key.startswith("out.")}
     for output in model.graph.output:
-        if not output.type.HasField("tensor_type"):  # the recorder left most outputs untyped: onnx.checker
-            want = recorded[output.name]  # refuses that, so they get the recorded arrays' types
+        if not output.type.HasField("tensor_type"):
+            want = recorded[output.name]
             output.type.CopyFrom(onnx.helper.make_tensor_type_proto(
                 onnx.helper.np_dtype_to_tensor_dtype(want.dtype), list(want.shape)))
-    lowered = lower_model(model)
-    onnx.checker.check_model(lowered, full_check=True)
-    assert all(n.domain in ("", "ai.onnx") and n.op_type != case["op_type"] for n in lowered.graph.node)
     feeds = {key[3:]: arrays[key] for key in arrays.files if key.startswith("in.")}
-    got = run_model(lowered, feeds)
+    return model, feeds, recorded
+
+
+def assert_matches_recorded(got: dict, recorded: dict) -> None:
+    """Every recorded output, same dtype and shape, within 1e-5 of its largest entry (f16: 1e-3)."""
     assert recorded and set(recorded) <= set(got)
     for name, want in recorded.items():
         assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
@@ -47,3 +49,12 @@ def test_lowering_matches_onnxruntime_training(case):
         scale = max(float(np.max(np.abs(want.astype(np.float64)))), 1e-30)
         err = float(np.max(np.abs(got[name].astype(np.float64) - want.astype(np.float64)))) / scale
         assert err <= tolerance, f"{name}: {err:.3g} of the largest entry"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['op_type']}-{c['variant']}")
+def test_lowering_matches_onnxruntime_training(case):
+    model, feeds, recorded = load_case(case)
+    lowered = lower_model(model)
+    onnx.checker.check_model(lowered, full_check=True)
+    assert all(n.domain in ("", "ai.onnx") and n.op_type != case["op_type"] for n in lowered.graph.node)
+    assert_matches_recorded(run_model(lowered, feeds), recorded)

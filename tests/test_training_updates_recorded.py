@@ -118,14 +118,10 @@ def test_per_op_fixture(case):
                 [np.asarray(x).tolist() for x in (b if isinstance(b, list) else [b])]
 
 
-@pytest.mark.parametrize("name", ARTIFACTS)
-def test_artifact_optimizer_step(name):
-    """One optimizer step of the artifact's own optimizer model, from the recorded first-step gradients."""
-    directory = ROOT / "artifacts" / name
-    meta = json.loads((directory / "meta.json").read_text())
-    model = lowering.lower_model(onnx.load(directory / "optimizer_model.onnx"))
-    onnx.checker.check_model(model, full_check=True)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+def optimizer_step(directory: Path, meta: dict, inputs: set[str]) -> tuple[dict, dict]:
+    """The recorded first optimizer step of an artifact: (feeds for those of ``inputs`` the optimizer model
+    has: initial parameters, the recorded first-step gradients, zero moments, the recorded learning rate
+    and step; the recorded raw optimizer outputs)."""
     initial = dict(np.load(directory / "initial_params.npz"))
     train_out = dict(np.load(directory / "raw_train_step1.npz"))
     recorded = dict(np.load(directory / "raw_optimizer_step1.npz"))
@@ -134,8 +130,19 @@ def test_artifact_optimizer_step(name):
     feeds = {"learning_rate": recorded["in.learning_rate"], "step": recorded["in.step"], "params": params,
              "gradients": [train_out[f"{p}_grad.accumulation.buffer.updated"] for p in meta["trainable_params"]],
              "first_order_moments": zeros, "second_order_moments": zeros}
+    return {k: v for k, v in feeds.items() if k in inputs}, recorded
+
+
+@pytest.mark.parametrize("name", ARTIFACTS)
+def test_artifact_optimizer_step(name):
+    """One optimizer step of the artifact's own optimizer model, from the recorded first-step gradients."""
+    directory = ROOT / "artifacts" / name
+    meta = json.loads((directory / "meta.json").read_text())
+    model = lowering.lower_model(onnx.load(directory / "optimizer_model.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds, recorded = optimizer_step(directory, meta, {i.name for i in session.get_inputs()})
     assert recorded["in.step"].tolist() == [1]
-    feeds = {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}}
     got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
     for seq in ("params", "first_order_moments", "second_order_moments"):
         if f"{seq}.updated.0" not in recorded:

@@ -167,6 +167,8 @@ class Trainer:
         self._training = self._session(models.training, options, TRAINING_MODEL)
         self._optimizer = self._session(models.optimizer, options, OPTIMIZER_MODEL)
         self._opt_inputs = {i.name for i in self._optimizer.get_inputs()}
+        self._names = [o.name for o in self._training.get_outputs()]
+        self._opt_names = [o.name for o in self._optimizer.get_outputs()]
 
     @staticmethod
     def _session(model: onnx.ModelProto, options: ort.SessionOptions, what: str) -> ort.InferenceSession:
@@ -182,9 +184,8 @@ class Trainer:
         feeds.update(self.params)
         feeds.update({p + BUFFER_SUFFIX: b for p, b in self.buffers.items()})
         feeds[LAZY_RESET] = np.array([True])
-        names = [o.name for o in self._training.get_outputs()]
         try:
-            results = dict(zip(names, self._training.run(None, feeds), strict=True))
+            results = dict(zip(self._names, self._training.run(None, feeds), strict=True))
         except Exception as exc:  # noqa: BLE001
             raise RuntimeFailure(f"{TRAINING_MODEL}: step {self.step_count + 1}: {ort_message(exc)}") from None
         self.buffers = {p: results[f"{p}{BUFFER_SUFFIX}.updated"] for p in self.params}
@@ -196,9 +197,8 @@ class Trainer:
                      "params": list(self.params.values()), "gradients": list(self.buffers.values()),
                      "first_order_moments": self.first_moments, "second_order_moments": self.second_moments}
         opt_feeds = {k: v for k, v in opt_feeds.items() if k in self._opt_inputs}
-        opt_names = [o.name for o in self._optimizer.get_outputs()]
         try:
-            updated = dict(zip(opt_names, self._optimizer.run(None, opt_feeds), strict=True))
+            updated = dict(zip(self._opt_names, self._optimizer.run(None, opt_feeds), strict=True))
         except Exception as exc:  # noqa: BLE001
             raise RuntimeFailure(f"{OPTIMIZER_MODEL}: step {self.step_count}: {ort_message(exc)}") from None
         self.params = {p: np.asarray(v) for p, v in zip(self.params, updated["params.updated"], strict=True)}

@@ -53,13 +53,21 @@ class _Node:
     def fail(self, message: str) -> VerificationError:
         return VerificationError(self.binding.domain, self.binding.op_type, self.label, message)
 
-    def input(self, role: str, required: bool = True) -> np.ndarray | None:
+    def _value(self, role: str, required: bool) -> Any:
         name = self.binding.arg(role)
         index = self.schema.input_index(name) if name and name in {a.name for a in self.schema.inputs} else None
         value = self.inputs[index] if index is not None and index < len(self.inputs) else None
         if value is None and required:
             raise self.fail(f"input {name or role!r} ({role}) is missing")
+        return value
+
+    def input(self, role: str, required: bool = True) -> np.ndarray | None:
+        value = self._value(role, required)
         return None if value is None else np.asarray(value)
+
+    def sequence(self, role: str) -> list[np.ndarray]:
+        """A tensor-sequence input (the evaluator passes sequences as lists)."""
+        return [np.asarray(v) for v in self._value(role, True)]
 
     def has_input(self, role: str) -> bool:
         return self.binding.arg(role) is not None
@@ -89,8 +97,9 @@ class _Node:
             value = value.decode("utf-8")
         return fallback if value is None else value
 
-    def results(self, values: Mapping[str, tuple[np.ndarray, np.dtype | None]]) -> tuple:
-        """Outputs in the node's order: {role: (float64 value, dtype to round to or None)}."""
+    def results(self, values: Mapping[str, tuple[Any, np.dtype | None]]) -> tuple:
+        """Outputs in the node's order: {role: (float64 value, dtype to round to or None)}; a sequence is a
+        list of arrays, rounded by the caller (dtype None)."""
         out: list[Any] = [np.empty(0)] * len(self.node.output)  # placeholders for omitted outputs
         for role, (value, dtype) in values.items():
             index = self.output_index(role)
@@ -262,16 +271,6 @@ def _optional_bool(n: _Node, role: str) -> bool | None:
     return None if value is None or value.size == 0 else bool(value.reshape(-1)[0])
 
 
-def _sequence_results(n: _Node, values: Mapping[str, Any]) -> tuple:
-    """Outputs in the node's order; sequences are lists (what the evaluator passes for sequence values)."""
-    out: list[Any] = [np.empty(0)] * len(n.node.output)
-    for role, value in values.items():
-        index = n.output_index(role)
-        if index is not None:
-            out[index] = value
-    return tuple(out)
-
-
 def _in_place_accumulator(n: _Node, exact: bool, single_output: str) -> tuple:
     buffer = n.input("buffer")
     flag, new = reference_updates.in_place_accumulator(buffer, n.input("value"), _optional_bool(n, "overwrite"))
@@ -280,41 +279,32 @@ def _in_place_accumulator(n: _Node, exact: bool, single_output: str) -> tuple:
                       "buffer_out": (new, None if exact else buffer.dtype)})
 
 
-def _sequence(n: _Node, role: str) -> list[np.ndarray]:
-    name = n.binding.arg(role)
-    index = n.schema.input_index(name)
-    value = n.inputs[index] if index < len(n.inputs) else None
-    if value is None:
-        raise n.fail(f"input {name!r} ({role}) is missing")
-    return [np.asarray(v) for v in value]
-
-
 def _rounded_list(values: list[np.ndarray], like: list[np.ndarray], exact: bool) -> list[np.ndarray]:
     return values if exact else [v.astype(w.dtype) for v, w in zip(values, like, strict=True)]
 
 
 def _sgd_optimizer(n: _Node, exact: bool, single_output: str) -> tuple:
     lr = n.input("lr")
-    weights = _sequence(n, "params")
-    flag, new = reference_updates.sgd_optimizer(float(lr.reshape(-1)[0]), weights, _sequence(n, "gradients"),
+    weights = n.sequence("params")
+    flag, new = reference_updates.sgd_optimizer(float(lr.reshape(-1)[0]), weights, n.sequence("gradients"),
                                                 _optional_bool(n, "update_signal"))
-    return _sequence_results(n, {"updated": _flag(flag, lr.shape),
-                                 "params_out": _rounded_list(new, weights, exact)})
+    return n.results({"updated": (_flag(flag, lr.shape), None),
+                      "params_out": (_rounded_list(new, weights, exact), None)})
 
 
 def _adamw_optimizer(n: _Node, exact: bool, single_output: str) -> tuple:
     step = n.input("step")
-    weights, m1, m2 = (_sequence(n, r) for r in ("params", "first_moments", "second_moments"))
+    weights, m1, m2 = (n.sequence(r) for r in ("params", "first_moments", "second_moments"))
     f32 = np.float32  # the graph stores the hyper-parameters as float attributes
     hyper = {r: float(f32(n.attribute(r))) for r in ("alpha", "beta", "epsilon", "weight_decay")}
     flag, w, new_m1, new_m2 = reference_updates.adamw_optimizer(
-        float(n.input("lr").reshape(-1)[0]), int(step.reshape(-1)[0]), weights, _sequence(n, "gradients"), m1, m2,
+        float(n.input("lr").reshape(-1)[0]), int(step.reshape(-1)[0]), weights, n.sequence("gradients"), m1, m2,
         **hyper, adam_mode=int(n.attribute("adam_mode")), correct_bias=int(n.attribute("correct_bias")),
         update_signal=_optional_bool(n, "update_signal"))
-    return _sequence_results(n, {"updated": _flag(flag, step.shape),
-                                 "params_out": _rounded_list(w, weights, exact),
-                                 "first_moments_out": _rounded_list(new_m1, m1, exact),
-                                 "second_moments_out": _rounded_list(new_m2, m2, exact)})
+    return n.results({"updated": (_flag(flag, step.shape), None),
+                      "params_out": (_rounded_list(w, weights, exact), None),
+                      "first_moments_out": (_rounded_list(new_m1, m1, exact), None),
+                      "second_moments_out": (_rounded_list(new_m2, m2, exact), None)})
 
 
 RULES |= {"in_place_accumulator": _in_place_accumulator, "sgd_optimizer": _sgd_optimizer,

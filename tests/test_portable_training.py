@@ -26,7 +26,7 @@ from test_ort_training_artifacts import ARTIFACTS, _gradients_exposed
 from test_ort_training_artifacts import NAMES as ARTIFACT_NAMES
 from test_pool_grads import _case as _pool_case
 from test_portable import _run as _run_any
-from test_training_grads import _conv_case, _sce_case, draw_conv_geometry
+from test_training_grads import _conv_case, draw_conv_geometry, sce_node_case
 from test_training_grads_recorded import CASES as RECORDED_CASES
 from test_training_grads_recorded import assert_matches_recorded, load_case
 
@@ -123,18 +123,10 @@ def _scale(scale_down):
 
 
 def _sce(shape, reduction, weighted, ignore_index, label_type=I64, opset=17):
-    _, label, weight, log_prob, dy = _sce_case(shape, reduction, weighted, ignore_index)
-    attrs = {"reduction": reduction} | ({} if ignore_index is None else {"ignore_index": ignore_index})
-    inputs = [("dy", F32, list(dy.shape)), ("lp", F32, list(shape)), ("label", label_type, list(label.shape))]
-    feeds = {"dy": dy.astype(np.float32), "lp": log_prob.astype(np.float32), "label": label.astype(NP[label_type])}
-    if weighted:
-        inputs.append(("w", F32, [shape[1]]))
-        feeds["w"] = weight.astype(np.float32)
+    attrs, inputs, feeds, want = sce_node_case(shape, reduction, weighted, ignore_index, label_type)
     node = helper.make_node("SoftmaxCrossEntropyLossGrad", [n for n, _, _ in inputs], ["dl"], domain=MS, name="sg",
                             **attrs)
     model = _model([node], inputs, [("dl", F32, list(shape))], opset)
-    want = ref.softmax_cross_entropy_loss_grad(dy, log_prob, label, weight, reduction=reduction,
-                                               ignore_index=ignore_index)
     return model, feeds, {"dl": want}, F32
 
 

@@ -390,9 +390,9 @@ def _sce_case(shape, reduction, weighted, ignore_index, seed=4):
     return scores, label, weight, log_prob, dy
 
 
-@pytest.mark.parametrize("opset", [12, 17])
-@pytest.mark.parametrize("shape, reduction, weighted, ignore_index, label_type", SCE_CASES)
-def test_sce_grad_lowering(shape, reduction, weighted, ignore_index, label_type, opset):
+def sce_node_case(shape, reduction, weighted, ignore_index, label_type=I64):
+    """A one-node SoftmaxCrossEntropyLossGrad case in f32: (attributes, [(input, elem, shape)], feeds, the
+    float64 d_logits); inputs dy, lp, label and, when weighted, w."""
     _, label, weight, log_prob, dy = _sce_case(shape, reduction, weighted, ignore_index)
     attrs = {"reduction": reduction} | ({} if ignore_index is None else {"ignore_index": ignore_index})
     inputs = [("dy", F32, list(dy.shape)), ("lp", F32, list(shape)), ("label", label_type, list(label.shape))]
@@ -400,9 +400,16 @@ def test_sce_grad_lowering(shape, reduction, weighted, ignore_index, label_type,
     if weighted:
         inputs.append(("w", F32, [shape[1]]))
         feeds["w"] = weight.astype(np.float32)
-    model = one_node_model(_sce(tuple(n for n, _, _ in inputs), **attrs), inputs, [("dl", F32, list(shape))], opset)
     want = ref.softmax_cross_entropy_loss_grad(dy, log_prob, label, weight, reduction=reduction,
                                                ignore_index=ignore_index)
+    return attrs, inputs, feeds, want
+
+
+@pytest.mark.parametrize("opset", [12, 17])
+@pytest.mark.parametrize("shape, reduction, weighted, ignore_index, label_type", SCE_CASES)
+def test_sce_grad_lowering(shape, reduction, weighted, ignore_index, label_type, opset):
+    attrs, inputs, feeds, want = sce_node_case(shape, reduction, weighted, ignore_index, label_type)
+    model = one_node_model(_sce(tuple(n for n, _, _ in inputs), **attrs), inputs, [("dl", F32, list(shape))], opset)
     close(lowered_outputs(model, feeds)["dl"], want, F32, "d_logits")
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from _recorded import recorded_cases
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ort_training"
-CASES = json.loads((FIXTURES / "ops" / "cases.json").read_text())
+CASES = recorded_cases()
 ARTIFACTS = ("cnn", "mlp", "mlp_bce", "mlp_l1", "cnn1d")
 ARTIFACT_FILES = ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint", "data.npz",
                   "initial_params.npz", "api_step1.npz", "api_optimizer_step1.npz", "api_curve.json",

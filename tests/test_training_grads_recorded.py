@@ -5,19 +5,19 @@ onnxruntime; every output within 1e-5 of its largest recorded entry (f16: 1e-3).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from _recorded import recorded_cases
 
 from lowering.passes import lower_model
 from runtime.session import run_model
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ort_training"
 OPS = ("ConvGrad", "ReluGrad", "SigmoidGrad", "MaxPoolGrad", "AveragePoolGrad", "Scale", "SoftmaxCrossEntropyLossGrad")
-CASES = [c for c in json.loads((FIXTURES / "ops" / "cases.json").read_text()) if c["op_type"] in OPS]
+CASES = recorded_cases(*OPS)
 
 
 def test_every_gradient_op_has_recorded_cases():

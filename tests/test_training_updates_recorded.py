@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from _recorded import recorded_cases
 from onnx import helper
 
 import lowering
@@ -20,7 +21,7 @@ from lowering.training import Trainer, initial_parameters, lower_artifacts
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "ort_training"
 OURS = ("InPlaceAccumulatorV2", "AdamWOptimizer", "SGDOptimizerV2")
-CASES = [c for c in json.loads((ROOT / "ops" / "cases.json").read_text()) if c["op_type"] in OURS]
+CASES = recorded_cases(*OURS)
 ARTIFACTS = sorted(p.name for p in (ROOT / "artifacts").iterdir() if p.is_dir())
 
 

@@ -4,6 +4,11 @@ Run with the python of the environment tools/ort_training/make_env.sh makes (onn
 1.19.2, onnx 1.17.0, numpy<2, torch 2.13.0); never imported by the package or its tests:
 
     /work/ortt-venv/bin/python tools/ort_training/make_fixtures.py [--only ops|artifacts]
+    /work/ortt-venv/bin/python tools/ort_training/make_fixtures.py --family NAME
+
+An op family (``cases_<NAME>.py`` beside this file: ``SEED`` and ``make(rng)`` calling ``record``) draws from
+its own seeded stream and writes its own index ``ops/cases_<NAME>.json``, so families are recorded (and
+re-recorded) independently of each other and of the core cases in ``ops/cases.json``.
 
 Writes
 - ops/<Op>/<variant>.onnx + .npz: one training op in a one-node model, run by onnxruntime-training's
@@ -426,12 +431,28 @@ def ops() -> None:
     print(f"{len(_cases)} op cases")
 
 
+def family(name: str) -> None:
+    """Record one op family: ``cases_<name>.py``'s ``make(rng)`` with its own ``SEED``; index cases_<name>.json."""
+    global _cases, RNG
+    sys.path.insert(0, str(HERE))
+    module = __import__(f"cases_{name}")
+    _cases = []
+    RNG = np.random.default_rng(module.SEED)  # ``rand`` draws from it too
+    module.make(RNG)
+    (OUT / "ops" / f"cases_{name}.json").write_text(json.dumps(_cases, indent=1) + "\n")
+    print(f"{len(_cases)} {name} cases")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", choices=["ops", "artifacts"])
+    parser.add_argument("--family", help="record only the op family tools/ort_training/cases_<FAMILY>.py")
     args = parser.parse_args()
     print("onnxruntime", ort.__version__, "onnx", onnx.__version__, "numpy", np.__version__)
     OUT.mkdir(parents=True, exist_ok=True)
+    if args.family:
+        family(args.family)
+        return 0
     if args.only in (None, "ops"):
         ops()
     if args.only in (None, "artifacts"):

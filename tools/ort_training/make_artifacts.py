@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -307,9 +308,27 @@ def _store(arrays: dict, key: str, value) -> None:
         arrays[key] = np.asarray(value)
 
 
-def main(out_root: Path) -> None:
+# the first five artifacts keep the seeds they were recorded with (their order in ARTIFACTS); every later
+# one is seeded from its name, so artifacts added side by side (on separate branches) never shift each other
+FIRST_SEEDS = {"cnn": 1, "mlp": 2, "mlp_bce": 3, "mlp_l1": 4, "cnn1d": 5}
+
+
+def seed_of(name: str) -> int:
+    return FIRST_SEEDS.get(name, zlib.crc32(name.encode()) % 10_000 + 100)
+
+
+def main(out_root: Path, only: list[str] | None = None) -> None:
+    """Record every artifact, or just ``only`` (the others' directories and inventory entries are kept).
+
+    torch's exporter numbers values per process, so an artifact's value names depend on what was exported
+    before it in the same process: the first five were recorded together, every later one alone
+    (``make_fixtures.py --artifact NAME``), which is how each reproduces byte for byte."""
     out_root.mkdir(parents=True, exist_ok=True)
-    inventory = {}
-    for seed, name in enumerate(ARTIFACTS, start=1):
-        inventory[name] = make(name, out_root, seed)["non_standard_ops"]
-    (out_root / "inventory.json").write_text(json.dumps(inventory, indent=1) + "\n")
+    unknown = sorted(set(only or ()) - set(ARTIFACTS))
+    if unknown:
+        raise SystemExit(f"unknown artifact(s) {unknown}; known: {sorted(ARTIFACTS)}")
+    index = out_root / "inventory.json"
+    inventory = json.loads(index.read_text()) if only and index.exists() else {}
+    for name in only or ARTIFACTS:
+        inventory[name] = make(name, out_root, seed_of(name))["non_standard_ops"]
+    index.write_text(json.dumps(dict(sorted(inventory.items())), indent=1) + "\n")

@@ -447,19 +447,22 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", choices=["ops", "artifacts"])
     parser.add_argument("--family", help="record only the op family tools/ort_training/cases_<FAMILY>.py")
+    parser.add_argument("--artifact", action="append", help="record only this artifact (repeatable)")
     args = parser.parse_args()
     print("onnxruntime", ort.__version__, "onnx", onnx.__version__, "numpy", np.__version__)
     OUT.mkdir(parents=True, exist_ok=True)
     if args.family:
         family(args.family)
         return 0
+    if args.artifact:
+        args.only = "artifacts"
     if args.only in (None, "ops"):
         ops()
     if args.only in (None, "artifacts"):
         sys.path.insert(0, str(HERE))
         import make_artifacts
 
-        make_artifacts.main(OUT / "artifacts")
+        make_artifacts.main(OUT / "artifacts", args.artifact)
     return 0
 
 

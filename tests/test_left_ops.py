@@ -9,6 +9,8 @@ nodes it has no rule for stay byte-identical.
 from __future__ import annotations
 
 import hashlib
+import shutil
+from pathlib import Path
 
 import onnx
 import onnx_ir as ir
@@ -181,3 +183,27 @@ def test_warning_comes_before_a_verify_failure_message(model_path, tmp_path, cap
     err = capsys.readouterr().err.splitlines()
     assert code == 1 and not out.exists()
     assert err[0].startswith("oplower lower: warning:") and f"{UNKNOWN}" in err[0]
+
+
+# -- oplower train (lowering.training.lower_artifacts) ----------------------------------------------------------
+
+def test_training_refuses_kernel_less_ops_and_the_portable_target_every_left_op(tmp_path):
+    """onnxruntime's own contrib ops run on plain onnxruntime, so `oplower train` keeps them; the portable
+    target promises ops every runtime runs, so it refuses them too. Ops without any kernel are refused by both."""
+    from lowering.training import lower_artifacts
+    from opdef.errors import LoweringError
+
+    tiny = Path(__file__).resolve().parent / "fixtures" / "tiny_mlp"
+    shutil.copytree(tiny, tmp_path / "art")
+    path = tmp_path / "art" / "training_model.onnx"
+    model = onnx.load(path)
+    model.graph.node.append(helper.make_node(CONTRIB, ["sq"], ["inv"], domain=MS, name="inverse"))
+    model.graph.input.append(helper.make_tensor_value_info("sq", TensorProto.FLOAT, [2, 2]))
+    onnx.save(model, path)
+    assert any(n.op_type == CONTRIB for n in lower_artifacts(tmp_path / "art").training.graph.node)
+    with pytest.raises(LoweringError, match=f"the portable target cannot run {MS}::{CONTRIB} .*node 'inverse'"):
+        lower_artifacts(tmp_path / "art", target="portable")
+    model.graph.node.append(helper.make_node(UNKNOWN, ["sq"], ["u"], domain=MS, name="unknown"))
+    onnx.save(model, path)
+    with pytest.raises(LoweringError, match=f"plain onnxruntime cannot run {MS}::{UNKNOWN} .*node 'unknown'"):
+        lower_artifacts(tmp_path / "art")

@@ -244,7 +244,8 @@ def test_running_statistics_are_updated_like_onnxruntime_training(name):
         _close(trainer.frozen[r], recorded[f"{r}.updated"], 1e-5, f"{r} after one step")
 
 
-@pytest.mark.parametrize("name", ["cnn1d", "mlp_bce"])
+# issue 19's architectures too: their families' lowerings emit one form for both targets
+@pytest.mark.parametrize("name", ["cnn1d", "mlp_bce", "bert", "bert_torch", "gpt", "vit", "mobilenet", "mlp_act"])
 def test_portable_artifacts_train_like_onnxruntime_training(name):
     """--target portable for whole artifacts: the training and optimizer models hold only PORTABLE_OPS (Loop
     bodies included) and one step gives onnxruntime-training's loss, gradients and parameters."""

@@ -1,7 +1,8 @@
 """What the browser page (``web/``) trains: the train-step model, its starting state and the data, as files a
 static page can fetch.
 
-``bundle.json`` names the model file, the loss output, the step count and learning rate, and every tensor by
+``bundle.json`` names the model file, the loss output, the step count, learning rate and the trainable
+parameters (``params``), and every tensor by
 its input name: ``data`` (a leading batch-index axis; step k feeds index k mod B), ``state`` (the inputs each
 step updates: the page feeds the ``<name>.updated`` output back as ``<name>`` next step) and ``constants``
 (frozen values no op updates). Each tensor is ``{"dtype", "shape", "offset", "bytes"}`` into one
@@ -40,7 +41,7 @@ def write_bundle(out_dir: Path, step: TrainStep, data: Mapping[str, np.ndarray],
     constants = {n: np.asarray(frozen[n]) for n in interface.frozen if n not in interface.updated_frozen}
     blob = bytearray()
     index: dict = {"model": MODEL_FILE, "tensors": TENSOR_FILE, "loss": interface.loss, "steps": steps,
-                   "learning_rate": learning_rate, "optimizer": interface.optimizer}
+                   "learning_rate": learning_rate, "optimizer": interface.optimizer, "params": list(interface.params)}
     for kind, arrays in (("data", {n: data[n] for n in interface.data}), ("state", state), ("constants", constants)):
         index[kind] = {}
         for name, value in arrays.items():

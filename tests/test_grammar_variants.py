@@ -283,6 +283,34 @@ def test_opset_attributes_label_and_first_bullet_on_one_line():
     assert expected.warnings == ()
 
 
+@pytest.mark.parametrize("label", ["**Attributes**:", "**Attributes**"])
+def test_opset_attributes_label_and_first_bullet_without_a_space_parse_like_the_spaced_form(label):
+    # "**Attributes**:* *axis*" with the properties indented two spaces under that first item (issue 23)
+    s = parse(opset_doc(label + ATTRIBUTE_LIST), "opset_v0")
+    spaced = parse(opset_doc(label + " " + ATTRIBUTE_LIST), "opset_v0")
+    assert attrs(s.attributes) == [("axis", "s64", False, 1), ("mode", "string", True, None)]
+    assert s.attribute("axis").description == "the axis."
+    assert s.attribute("mode").allowed_values == ("up", "down")
+    assert args(s.inputs) == [("input", False, "T1")] and args(s.outputs) == [("output", False, "T2")]
+    assert s == spaced
+    assert warned(s) == [(11, f"{label} and its first item share a line (a lost line break); read as a label and "
+                              "a list")]
+
+
+def test_opset_single_attribute_on_the_label_line_without_a_space():
+    # once "expected an attribute item '* *name*', got 'Description: the axis.'": the indented properties
+    # were read as the list of attributes
+    one = ATTRIBUTE_LIST.split("\n\n    * *mode*")[0]
+    s = parse(opset_doc("**Attributes**:" + one), "opset_v0")
+    assert attrs(s.attributes) == [("axis", "s64", False, 1)]
+    assert s.attribute("axis").description == "the axis."
+    assert warned(s) == [(11, "**Attributes**: and its first item share a line (a lost line break); read as a "
+                              "label and a list")]
+    broken = parse(opset_doc("**Attributes**:\n\n    " + one), "opset_v0")
+    assert (s.attributes, s.inputs, s.outputs) == (broken.attributes, broken.inputs, broken.outputs)
+    assert broken.warnings == ()
+
+
 def test_opset_attributes_label_over_an_indented_sentence_means_no_attributes():
     s = parse(opset_doc("**Attributes**:\n\n      No attributes available."), "opset_v0")
     assert s.attributes == ()

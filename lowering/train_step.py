@@ -19,6 +19,7 @@ Interface (fixed; ``TrainStepInterface`` lists it for a given artifact):
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -260,3 +261,75 @@ def _outer_reads(body: onnx.GraphProto) -> set[str]:
             for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
                 reads |= _outer_reads(sub)
     return reads
+
+
+class BoundStep:
+    """The train-step model in an onnxruntime session, run with IOBinding: the state (parameters, moments,
+    updated frozen values) lives in two sets of OrtValues that swap roles each step (step k reads set k mod 2
+    and writes its ``.updated`` outputs into the other), so no state crosses the Python boundary unless it
+    is read; each step copies in only the batch and the step number."""
+
+    def __init__(self, session, interface: TrainStepInterface, state: Mapping[str, np.ndarray],
+                 constants: Mapping[str, np.ndarray], learning_rate: np.ndarray) -> None:
+        import onnxruntime as ort
+
+        self._ort = ort
+        self.session, self.interface = session, interface
+        self._names = interface.state_inputs
+        self._sets = [{n: ort.OrtValue.ortvalue_from_numpy(np.array(state[n], copy=True)) for n in self._names}
+                      for _ in range(2)]
+        self._constants = {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v)) for n, v in constants.items()}
+        self._lr = ort.OrtValue.ortvalue_from_numpy(np.array(learning_rate, np.float32).reshape(1))
+        self._step = ort.OrtValue.ortvalue_from_numpy(np.array([0], np.int64))
+        self._loss_name = interface.loss
+        self._data: dict = {}
+        self._bindings: list = []
+        self._current = 0  # the set holding the current state
+
+    def _bind(self) -> None:
+        """(Re)build both bindings: after the data OrtValues were (re)allocated."""
+        self._bindings = []
+        for i in range(2):
+            binding = self.session.io_binding()
+            for name, value in {**self._constants, **self._data, "learning_rate": self._lr, "step": self._step,
+                                **self._sets[i]}.items():
+                binding.bind_ortvalue_input(name, value)
+            binding.bind_output(self._loss_name, "cpu")
+            for name, value in self._sets[1 - i].items():
+                binding.bind_ortvalue_output(f"{name}.updated", value)
+            self._bindings.append(binding)
+
+    def run(self, batch: Mapping[str, np.ndarray], step: int) -> float:
+        rebind = not self._bindings
+        for name in self.interface.data:
+            value = np.ascontiguousarray(batch[name])
+            held = self._data.get(name)
+            if held is None or tuple(held.shape()) != value.shape:
+                self._data[name] = self._ort.OrtValue.ortvalue_from_numpy(value.copy())
+                rebind = True
+            else:
+                held.update_inplace(value)
+        if rebind:
+            self._bind()
+        self._step.update_inplace(np.array([step], np.int64))
+        binding = self._bindings[self._current]
+        self.session.run_with_iobinding(binding)
+        self._current = 1 - self._current
+        loss = binding.get_outputs()[0].numpy()
+        return float(np.asarray(loss).reshape(-1)[0])
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        self._lr.update_inplace(np.array([learning_rate], np.float32))
+
+    def read(self, names: Iterable[str]) -> dict[str, np.ndarray]:
+        """The current values of state (or constant) inputs, as NumPy copies."""
+        current = self._sets[self._current]
+        # .numpy() of a CPU OrtValue may share its memory, which the next step overwrites: copy
+        return {n: np.array((current[n] if n in current else self._constants[n]).numpy(), copy=True) for n in names}
+
+    def write(self, values: Mapping[str, np.ndarray]) -> None:
+        """Replace state (or constant) values; shapes must stay."""
+        current = self._sets[self._current]
+        for name, value in values.items():
+            held = current[name] if name in current else self._constants[name]
+            held.update_inplace(np.ascontiguousarray(np.asarray(value, held.numpy().dtype)))

@@ -33,7 +33,7 @@ from onnx import numpy_helper
 
 from lowering.modelio import load_model
 from lowering.passes import lower_model_with_report
-from lowering.train_step import FIRST_MOMENT, SECOND_MOMENT, TrainStep, train_step
+from lowering.train_step import FIRST_MOMENT, SECOND_MOMENT, BoundStep, TrainStep, train_step
 from opdef.errors import LoweringError, ModelError, OplowerError, RuntimeFailure
 from runtime.session import np_dtype, ort_message
 
@@ -154,34 +154,115 @@ def initial_parameters(directory: Path | str, models: TrainingModels,
 
 
 class Trainer:
-    """N steps of training on plain onnxruntime, parameters, buffers and moments carried between steps."""
+    """N steps of training on plain onnxruntime, parameters, buffers and moments carried between steps.
+
+    With the train-step model (``models.step``, what :func:`lower_artifacts` builds) one bound session run
+    per step (:class:`lowering.train_step.BoundStep`): the state stays in onnxruntime's buffers, and
+    ``params``, ``frozen`` and the moments are read out (as copies) only when asked for; assign them to
+    change the state. Without it, the training and optimizer models run in turn with NumPy feeds (their
+    ``buffers`` then hold each step's gradients).
+    """
 
     def __init__(self, models: TrainingModels, start: StartingPoint, *, learning_rate: float = 1e-3,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, spinning: bool = True) -> None:
         self.models = models
-        self.params = {p: np.asarray(start.params[p]) for p in models.params}
-        self.frozen = dict(start.frozen)
-        self.first_moments = [np.zeros_like(v) for v in self.params.values()]
-        self.second_moments = [np.zeros_like(v) for v in self.params.values()]
-        self.buffers = {p: np.zeros_like(v) for p, v in self.params.items()}
+        params = {p: np.asarray(start.params[p]) for p in models.params}
+        self.buffers = {p: np.zeros_like(v) for p, v in params.items()}
         self.learning_rate = np.array([learning_rate], np.float32)
         self.step_count = 0
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
-        # One session run per step when the train-step model is there (measured faster than the two models:
-        # 0.71-0.88x on the cnn artifact, 0.53x on mlp_bce, 2 threads, tools/bench_train_step.py); the
-        # two-model step otherwise.
-        self._step_model = models.step
+        if not spinning:  # idle workers that spin take the cores from other work between steps
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # One bound session run per step when the train-step model is there (measured on the cnn artifact,
+        # 2 threads: 0.63 ms against 0.74 ms for unbound runs of the same model and ~0.9-1.0 ms for the two
+        # models; mlp_bce 0.071 / 0.124 / 0.22 ms); the two-model step otherwise.
+        self._bound: BoundStep | None = None
+        zeros = {p + m: np.zeros_like(v) for p, v in params.items() for m in (FIRST_MOMENT, SECOND_MOMENT)}
         if models.step is not None:
-            self._one = self._session(models.step.model, options, "train-step model")
-            self._one_names = [o.name for o in self._one.get_outputs()]
+            interface = models.step.interface
+            session = self._session(models.step.model, options, "train-step model")
+            state = {**params, **zeros, **{n: start.frozen[n] for n in interface.updated_frozen}}
+            constants = {n: v for n, v in start.frozen.items() if n not in interface.updated_frozen}
+            self._bound = BoundStep(session, interface, state, constants, self.learning_rate)
+            self._sgd_moments = zeros  # SGD has none; kept so the moments read the same either way
             return
+        self._params, self._frozen = params, dict(start.frozen)
+        self._first = [zeros[p + FIRST_MOMENT] for p in params]
+        self._second = [zeros[p + SECOND_MOMENT] for p in params]
         self._training = self._session(models.training, options, TRAINING_MODEL)
         self._optimizer = self._session(models.optimizer, options, OPTIMIZER_MODEL)
         self._opt_inputs = {i.name for i in self._optimizer.get_inputs()}
         self._names = [o.name for o in self._training.get_outputs()]
         self._opt_names = [o.name for o in self._optimizer.get_outputs()]
+
+    # -- the state: read from / written to onnxruntime's buffers with the train-step model ------------------
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        return self._bound.read(self.models.params) if self._bound else self._params
+
+    @params.setter
+    def params(self, values: Mapping[str, np.ndarray]) -> None:
+        if self._bound:
+            self._bound.write(values)
+        else:
+            self._params = dict(values)
+
+    @property
+    def frozen(self) -> dict[str, np.ndarray]:
+        """Frozen values (batch norm's running statistics, updated by the step where a training op does)."""
+        if self._bound:
+            interface = self.models.step.interface
+            return self._bound.read(n for n in interface.frozen if n in self._bound_names())
+        return self._frozen
+
+    @frozen.setter
+    def frozen(self, values: Mapping[str, np.ndarray]) -> None:
+        if self._bound:
+            self._bound.write(values)
+        else:
+            self._frozen = dict(values)
+
+    @property
+    def first_moments(self) -> list[np.ndarray]:
+        return self._moments(FIRST_MOMENT) if self._bound else self._first
+
+    @first_moments.setter
+    def first_moments(self, values) -> None:
+        self._set_moments(FIRST_MOMENT, values)
+
+    @property
+    def second_moments(self) -> list[np.ndarray]:
+        return self._moments(SECOND_MOMENT) if self._bound else self._second
+
+    @second_moments.setter
+    def second_moments(self, values) -> None:
+        self._set_moments(SECOND_MOMENT, values)
+
+    def _bound_names(self) -> set[str]:
+        return {*self._bound.interface.state_inputs, *self._bound._constants}
+
+    def _moments(self, suffix: str) -> list[np.ndarray]:
+        names = [p + suffix for p in self.models.params]
+        if self.models.step.interface.moments:
+            return list(self._bound.read(names).values())
+        return [self._sgd_moments[n] for n in names]
+
+    def _set_moments(self, suffix: str, values) -> None:
+        values = list(values)
+        if not self._bound:
+            if suffix == FIRST_MOMENT:
+                self._first = values
+            else:
+                self._second = values
+            return
+        named = {p + suffix: v for p, v in zip(self.models.params, values, strict=True)}
+        if self.models.step.interface.moments:
+            self._bound.write(named)
+        else:
+            self._sgd_moments.update(named)
 
     @staticmethod
     def _session(model: onnx.ModelProto, options: ort.SessionOptions, what: str) -> ort.InferenceSession:
@@ -192,57 +273,40 @@ class Trainer:
 
     def step(self, batch: Mapping[str, np.ndarray]) -> float:
         """One training step and one optimizer step; returns the loss."""
-        if self._step_model is not None:
-            return self._one_step(batch)
+        if self._bound is not None:
+            self.step_count += 1
+            self._bound.set_learning_rate(float(self.learning_rate.reshape(-1)[0]))
+            try:
+                return self._bound.run(batch, self.step_count)
+            except Exception as exc:  # noqa: BLE001
+                raise RuntimeFailure(f"train-step model: step {self.step_count}: {ort_message(exc)}") from None
         feeds = dict(batch)
-        feeds.update(self.frozen)
-        feeds.update(self.params)
+        feeds.update(self._frozen)
+        feeds.update(self._params)
         feeds.update({p + BUFFER_SUFFIX: b for p, b in self.buffers.items()})
         feeds[LAZY_RESET] = np.array([True])
         try:
             results = dict(zip(self._names, self._training.run(None, feeds), strict=True))
         except Exception as exc:  # noqa: BLE001
             raise RuntimeFailure(f"{TRAINING_MODEL}: step {self.step_count + 1}: {ort_message(exc)}") from None
-        self.buffers = {p: results[f"{p}{BUFFER_SUFFIX}.updated"] for p in self.params}
+        self.buffers = {p: results[f"{p}{BUFFER_SUFFIX}.updated"] for p in self._params}
         # frozen inputs a training op updates in place (batch norm's running statistics) carry on, as
         # onnxruntime-training's training API updates them
-        self.frozen.update({p: results[f"{p}.updated"] for p in self.frozen if f"{p}.updated" in results})
+        self._frozen.update({p: results[f"{p}.updated"] for p in self._frozen if f"{p}.updated" in results})
         self.step_count += 1
         opt_feeds = {"learning_rate": self.learning_rate, "step": np.array([self.step_count], np.int64),
-                     "params": list(self.params.values()), "gradients": list(self.buffers.values()),
-                     "first_order_moments": self.first_moments, "second_order_moments": self.second_moments}
+                     "params": list(self._params.values()), "gradients": list(self.buffers.values()),
+                     "first_order_moments": self._first, "second_order_moments": self._second}
         opt_feeds = {k: v for k, v in opt_feeds.items() if k in self._opt_inputs}
         try:
             updated = dict(zip(self._opt_names, self._optimizer.run(None, opt_feeds), strict=True))
         except Exception as exc:  # noqa: BLE001
             raise RuntimeFailure(f"{OPTIMIZER_MODEL}: step {self.step_count}: {ort_message(exc)}") from None
-        self.params = {p: np.asarray(v) for p, v in zip(self.params, updated["params.updated"], strict=True)}
+        self._params = {p: np.asarray(v) for p, v in zip(self._params, updated["params.updated"], strict=True)}
         if "first_order_moments.updated" in updated:
-            self.first_moments = [np.asarray(v) for v in updated["first_order_moments.updated"]]
-            self.second_moments = [np.asarray(v) for v in updated["second_order_moments.updated"]]
+            self._first = [np.asarray(v) for v in updated["first_order_moments.updated"]]
+            self._second = [np.asarray(v) for v in updated["second_order_moments.updated"]]
         return float(np.asarray(results[self.models.loss]).reshape(-1)[0])
-
-    def _one_step(self, batch: Mapping[str, np.ndarray]) -> float:
-        interface = self._step_model.interface
-        self.step_count += 1
-        feeds = dict(batch)
-        feeds.update(self.frozen)
-        feeds.update(self.params)
-        feeds["learning_rate"] = self.learning_rate
-        feeds["step"] = np.array([self.step_count], np.int64)
-        if interface.moments:
-            for p, m1, m2 in zip(self.params, self.first_moments, self.second_moments, strict=True):
-                feeds[p + FIRST_MOMENT], feeds[p + SECOND_MOMENT] = m1, m2
-        try:
-            results = dict(zip(self._one_names, self._one.run(None, feeds), strict=True))
-        except Exception as exc:  # noqa: BLE001
-            raise RuntimeFailure(f"train-step model: step {self.step_count}: {ort_message(exc)}") from None
-        self.params = {p: results[f"{p}.updated"] for p in self.params}
-        if interface.moments:
-            self.first_moments = [results[f"{p}{FIRST_MOMENT}.updated"] for p in self.params]
-            self.second_moments = [results[f"{p}{SECOND_MOMENT}.updated"] for p in self.params]
-        self.frozen.update({n: results[f"{n}.updated"] for n in interface.updated_frozen if n in self.frozen})
-        return float(np.asarray(results[interface.loss]).reshape(-1)[0])
 
 
 def batches(data: Mapping[str, np.ndarray], models: TrainingModels, frozen: Mapping[str, np.ndarray] = {},  # noqa: B006

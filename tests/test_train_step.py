@@ -155,3 +155,38 @@ def test_a_training_model_without_accumulators_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "InPlaceAccumulatorV2" in err and err.count("\n") == 1, err
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_bound_trainer_state_reads_and_writes_like_the_two_model_trainer():
+    """Trainer keeps the train-step model's state in onnxruntime's buffers: what it reads out equals the
+    two-model Trainer's state after each step, and state assigned to it is what the next step starts from."""
+    import dataclasses
+
+    from lowering.training import Trainer, initial_parameters, lower_artifacts
+
+    directory = ARTIFACTS / "cnn"
+    meta = json.loads((directory / "meta.json").read_text())
+    models = lower_artifacts(directory)
+    start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")))
+    bound = Trainer(models, start, learning_rate=meta["learning_rate"])
+    plain = Trainer(dataclasses.replace(models, step=None), start, learning_rate=meta["learning_rate"])
+    data = dict(np.load(directory / "data.npz"))
+    batch = {"input": data["input"], "labels": data["labels"]}
+    for _ in range(3):
+        assert bound.step(batch) == pytest.approx(plain.step(batch), rel=1e-6)
+    for got, want in ((bound.params, plain.params), (bound.frozen, plain.frozen)):
+        assert got.keys() == want.keys()
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    for got, want in ((bound.first_moments, plain.first_moments), (bound.second_moments, plain.second_moments)):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-9)
+    # replace the bound trainer's whole state by another one: both go on alike
+    fresh = {p: v * 0.5 for p, v in plain.params.items()}
+    bound.params, plain.params = fresh, dict(fresh)
+    bound.first_moments, bound.second_moments = plain.first_moments, plain.second_moments
+    bound.frozen = plain.frozen
+    assert bound.step(batch) == pytest.approx(plain.step(batch), rel=1e-6)
+    first = bound.params
+    first[next(iter(first))][...] = 1e9  # a copy: changing it changes nothing in the trainer
+    assert float(np.max(np.abs(bound.params[next(iter(first))]))) < 1e6

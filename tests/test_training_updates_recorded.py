@@ -212,8 +212,9 @@ def test_artifact_twenty_step_loss_curve(name):
 
 
 def test_readme_cnn_example_trains_like_onnxruntime_training(capsys):
-    """The README's copy-paste example: `oplower train` on the committed CNN artifact, its data.npz holding one
-    batch (arrays of the inputs' own rank, fed at every step), the losses printed per step."""
+    """The copy-paste example of the README and docs/training.md: `oplower train` on the committed CNN artifact,
+    its data.npz holding one batch (arrays of the inputs' own rank, fed at every step), the losses printed per
+    step."""
     from lowering.cli import main
 
     directory = ROOT / "artifacts" / "cnn"
@@ -283,7 +284,7 @@ def test_portable_artifacts_train_like_onnxruntime_training(name):
 
 @pytest.mark.parametrize("name", ["cnn1d", "mlp_bce"])
 def test_lowered_optimizer_in_other_runtimes(name, tmp_path):
-    """The lowered optimizer model (one form for both targets) in the other runtimes of the README's Targets
+    """The lowered optimizer model (one form for both targets) in the other runtimes of docs/targets.md's
     table: onnx.reference runs it and gives onnxruntime's sequences; OpenVINO and tract take no model whose
     inputs are tensor sequences (asserted refusals, so a runtime that learns them shows up here)."""
     from onnx.reference import ReferenceEvaluator

@@ -160,6 +160,10 @@ def evaluate(directory: Path | str, data: Mapping[str, np.ndarray], values: Mapp
 
 
 def _checked_values(ev: EvalModel, declared, values: Mapping[str, np.ndarray], source: str) -> dict:
+    stray = [k for k in values if k not in declared]
+    if stray:
+        raise CheckpointError(f"{source}: parameter {stray[0]!r} is no input of {EVAL_MODEL} (its inputs: "
+                              f"{', '.join(declared)})")
     feeds = {}
     for name in ev.params:
         value = np.asarray(values[name])

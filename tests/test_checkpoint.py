@@ -18,9 +18,9 @@ import onnx
 import pytest
 
 from lowering import checkpoint as ckmod
-from lowering.checkpoint import Checkpoint, CheckpointError, decode_checkpoint, encode_checkpoint, read_checkpoint
+from lowering.checkpoint import CheckpointError, decode_checkpoint, encode_checkpoint, read_checkpoint
 from lowering.cli import main
-from lowering.training import checkpoint_start, lower_artifacts, starting_point, train
+from lowering.training import Trainer, batches, checkpoint_start, lower_artifacts, starting_point, train
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ort_training"
 ARTIFACTS = FIXTURES / "artifacts"
@@ -183,7 +183,6 @@ def test_onnxruntime_training_checkpoint_then_m_steps_equals_its_k_plus_m(name):
     recorded = np.load(WORKFLOW / name / "ortt_k6.npz")
     models = lower_artifacts(ARTIFACTS / name)
     start = checkpoint_start(WORKFLOW / name / "ortt_k3.ckpt", models)
-    from lowering.training import Trainer, batches
     trainer = Trainer(models, start)
     feed = batches(_data(name), models, start.frozen)
     losses = [trainer.step(feed(k)) for k in range(K, K + M)]
@@ -204,7 +203,6 @@ def test_oplower_k_steps_checkpoint_m_steps_equals_onnxruntime_training(name, tm
     ckpt = read_checkpoint(saved)
     assert ckpt.step == K
     models = lower_artifacts(ARTIFACTS / name)
-    from lowering.training import Trainer, batches
     trainer = Trainer(models, checkpoint_start(saved, models))
     feed = batches(_data(name), models, ckpt.frozen)
     for k in range(K, K + M):
@@ -232,7 +230,6 @@ def test_onnxruntime_training_loads_oplower_checkpoint_and_its_next_step_matches
             _close(x, y, 1e-6, p) if np.any(y) else np.testing.assert_array_equal(x, y)
     # and its next step equals onnxruntime-training's step from that file
     models = lower_artifacts(ARTIFACTS / name)
-    from lowering.training import Trainer, batches
     trainer = Trainer(models, checkpoint_start(WORKFLOW / name / "oplower_k3.ckpt", models))
     loss = trainer.step(batches(_data(name), models, recorded_file.frozen)(K))
     _losses_close([loss], [float(after["loss"])])

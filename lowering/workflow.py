@@ -212,16 +212,12 @@ def forward_outputs(model: onnx.ModelProto) -> list[str]:
     return out
 
 
-def export_inference(directory: Path | str, values: Mapping[str, np.ndarray], path: Path | str | None = None, *,
-                     outputs: Iterable[str] | None = None, values_source: str = "") -> onnx.ModelProto:
-    """The inference model: the eval model's forward part computing ``outputs`` (default
-    :func:`forward_outputs`), every parameter input it reads replaced by an initializer holding its value,
-    nothing else left; written to ``path`` (atomically) when given."""
-    directory = Path(directory)
-    source = directory / EVAL_MODEL
-    model, _ = repair_eval_model(load_model(source))
-    graph = model.graph
-    made = {o for n in graph.node for o in n.output if o} | {i.name for i in graph.input}
+def check_outputs(directory: Path | str, outputs: Iterable[str] | None) -> list[str]:
+    """The outputs an export of ``directory`` would have (``outputs`` or :func:`forward_outputs`), checked
+    against the eval model before any work is done."""
+    source = Path(directory) / EVAL_MODEL
+    model = load_model(source)
+    made = {o for n in model.graph.node for o in n.output if o} | {i.name for i in model.graph.input}
     outputs = list(outputs) if outputs is not None else forward_outputs(model)
     if not outputs:
         raise ModelError(f"{source}: cannot tell the forward model's outputs (no loss block nodes named "
@@ -229,6 +225,19 @@ def export_inference(directory: Path | str, values: Mapping[str, np.ndarray], pa
     unknown = [o for o in outputs if o not in made]
     if unknown:
         raise ModelError(f"{source}: no value {unknown[0]!r} to export as an output")
+    return outputs
+
+
+def export_inference(directory: Path | str, values: Mapping[str, np.ndarray], path: Path | str | None = None, *,
+                     outputs: Iterable[str] | None = None, values_source: str = "") -> onnx.ModelProto:
+    """The inference model: the eval model's forward part computing ``outputs`` (default
+    :func:`forward_outputs`), every parameter input it reads replaced by an initializer holding its value,
+    nothing else left; written to ``path`` (atomically) when given."""
+    directory = Path(directory)
+    source = directory / EVAL_MODEL
+    outputs = check_outputs(directory, outputs)
+    model, _ = repair_eval_model(load_model(source))
+    graph = model.graph
     # keep the nodes the outputs need, walking back from them
     producer = {o: n for n in graph.node for o in n.output if o}
     needed, stack, keep = set(), list(outputs), set()

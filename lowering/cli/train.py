@@ -16,7 +16,7 @@ from lowering.cli.run import load_npz
 from lowering.modelio import write_atomic
 from lowering.rules import TARGETS
 from lowering.training import Trainer, batches, lower_artifacts, starting_point
-from lowering.workflow import export_inference
+from lowering.workflow import check_outputs, export_inference
 from opdef.errors import OplowerError
 
 HELP = ("train on plain onnxruntime from an onnxruntime-training artifact directory (training_model.onnx, "
@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     data_path = Path(args.data)
     data = load_npz(data_path)
     models = lower_artifacts(directory, target=args.target)
+    export_outputs = check_outputs(directory, args.export_output) if args.export else None
     given = load_npz(Path(args.params)) if args.params else None
     start = starting_point(directory, models, params=given, params_source=args.params or "",
                            checkpoint=args.checkpoint)
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         write_checkpoint(args.save_checkpoint, trainer.checkpoint())
         print(f"wrote {args.save_checkpoint}")
     if args.export:
-        export_inference(directory, {**trainer.params, **trainer.frozen}, args.export, outputs=args.export_output)
+        export_inference(directory, {**trainer.params, **trainer.frozen}, args.export, outputs=export_outputs)
         print(f"wrote {args.export}")
     return 0
 

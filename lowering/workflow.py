@@ -5,7 +5,8 @@ model in inference mode followed by the loss block, every parameter (trainable a
 
 - :func:`evaluate` runs it (lowered where it holds custom ops) on given parameter values over batches of
   data and returns the mean loss, and the accuracy for a classification loss (SoftmaxCrossEntropyLoss:
-  the argmax of its scores against its labels, ``ignore_index`` left out).
+  the argmax of its scores against its labels, ``ignore_index`` left out; BCEWithLogitsLoss, a loss-block
+  Sigmoid of a forward output: each logit's sign against its 0/1 target).
 - :func:`export_inference` writes what onnxruntime-training's ``Module.export_model_for_inferencing``
   gives: the forward part of the eval model with the parameter values (running statistics included) as
   initializers, the labels input, the loss block and every training-only output gone; standard ONNX.
@@ -67,9 +68,10 @@ class EvalModel:
     loss: str  # the first graph output
     params: tuple[str, ...]  # inputs the parameter values feed
     data: tuple[str, ...]  # every other input
-    scores: str | None  # SoftmaxCrossEntropyLoss's scores and labels (accuracy), if there is one
+    scores: str | None  # a classification loss's scores and labels (accuracy), if there is one
     labels: str | None
     ignore_index: int | None
+    binary: bool = False  # BCEWithLogitsLoss: one 0/1 target per logit
 
 
 def load_eval_model(directory: Path | str, parameter_names: Iterable[str], *,
@@ -93,13 +95,21 @@ def load_eval_model(directory: Path | str, parameter_names: Iterable[str], *,
     inputs = [i.name for i in model.graph.input if i.name not in initialized]
     sce = next((n for n in model.graph.node if n.op_type == "SoftmaxCrossEntropyLoss"), None)
     scores = labels = ignore = None
+    binary = False
     if sce is not None:
         scores, labels = sce.input[0], sce.input[1]
         ignore = next((a.i for a in sce.attribute if a.name == "ignore_index"), None)
-        if scores not in {o.name for o in model.graph.output}:
-            model.graph.output.append(helper.make_empty_tensor_value_info(scores))
+    else:  # BCEWithLogitsLoss: the loss block's Sigmoid of a forward output, the one data input it also reads
+        forward = forward_outputs(model)
+        block = [n for n in model.graph.node if n.name.startswith(LOSS_BLOCK_PREFIX)]
+        sigmoid = next((n for n in block if n.op_type == "Sigmoid" and n.input[0] in forward), None)
+        targets = {i for n in block for i in n.input if i in inputs and i not in names}
+        if sigmoid is not None and len(targets) == 1:
+            scores, labels, binary = sigmoid.input[0], targets.pop(), True
+    if scores is not None and scores not in {o.name for o in model.graph.output}:
+        model.graph.output.append(helper.make_empty_tensor_value_info(scores))
     return EvalModel(model, model.graph.output[0].name, tuple(n for n in inputs if n in names),
-                     tuple(n for n in inputs if n not in names), scores, labels, ignore)
+                     tuple(n for n in inputs if n not in names), scores, labels, ignore, binary)
 
 
 def parameter_values(directory: Path | str, *, params: Mapping[str, np.ndarray] | None = None,
@@ -149,7 +159,10 @@ def evaluate(directory: Path | str, data: Mapping[str, np.ndarray], values: Mapp
         except Exception as exc:  # noqa: BLE001
             raise RuntimeFailure(f"{EVAL_MODEL}: batch {k}: {ort_message(exc)}") from None
         losses.append(float(np.asarray(out[0]).reshape(-1)[0]))
-        if ev.scores:
+        if ev.binary:
+            right += int(np.sum((np.asarray(out[1]) > 0) == (np.asarray(batch[ev.labels]) > 0.5)))
+            total += int(np.asarray(out[1]).size)
+        elif ev.scores:
             predicted = np.argmax(out[1], axis=1)
             labels = np.asarray(batch[ev.labels]).astype(np.int64)
             keep = labels != ev.ignore_index if ev.ignore_index is not None else np.ones_like(labels, bool)
@@ -271,12 +284,15 @@ def export_inference(directory: Path | str, values: Mapping[str, np.ndarray], pa
     new_graph = helper.make_graph(nodes, graph.name or "inference", inputs, out_infos, initializers)
     result = helper.make_model(new_graph, opset_imports=list(model.opset_import), ir_version=model.ir_version,
                                producer_name="oplower")
+    if find_custom_nodes(result):
+        try:
+            result = lower_model(result)
+        except OplowerError as exc:
+            raise LoweringError(f"{source}: {exc}") from None
     try:
         onnx.checker.check_model(result, full_check=True)
     except onnx.checker.ValidationError as exc:
         raise ModelError(f"{source}: the exported model is not valid ONNX: {' '.join(str(exc).split())}") from None
-    if find_custom_nodes(result):
-        result = lower_model(result)
     if path is not None:
         write_atomic(Path(path), result.SerializeToString())
     return result

@@ -74,11 +74,22 @@ def test_eval_equals_onnxruntime_training_eval(name):
     for b in range(2):
         one = evaluate(ARTIFACTS / name, {k: v[b] for k, v in data.items()}, values)
         assert one.batches == 1 and abs(one.loss - recorded["loss"][b]) <= 1e-5 * abs(recorded["loss"][b])
-    if name == "cnn1d":  # SoftmaxCrossEntropyLoss: accuracy from onnxruntime-training's exported model's logits
+    # accuracy from the logits of onnxruntime-training's exported model
+    if name == "cnn1d":  # SoftmaxCrossEntropyLoss: argmax against the class
         expected = float(np.mean(np.argmax(recorded["output"], axis=-1) == data["labels"]))
-        assert result.accuracy == pytest.approx(expected)
-    else:
-        assert result.accuracy is None
+    else:  # BCEWithLogitsLoss: each logit's sign against its 0/1 target
+        expected = float(np.mean((recorded["output"] > 0) == (data["target"] > 0.5)))
+    assert result.accuracy == pytest.approx(expected)
+    # labels that agree with the logits: accuracy 1; with the first sample's flipped: a known fraction
+    label = "labels" if name == "cnn1d" else "target"
+    logits = recorded["output"]
+    agree = np.argmax(logits, -1) if name == "cnn1d" else (logits > 0).astype(data[label].dtype)
+    assert evaluate(ARTIFACTS / name, {**data, label: agree.astype(data[label].dtype)}, values).accuracy == 1.0
+    flipped = agree.copy()
+    flipped.flat[0] = (flipped.flat[0] + 1) % 3 if name == "cnn1d" else 1 - flipped.flat[0]
+    total = flipped.size
+    assert evaluate(ARTIFACTS / name, {**data, label: flipped.astype(data[label].dtype)}, values).accuracy == \
+        pytest.approx((total - 1) / total)
 
 
 def test_parameter_values_come_from_the_directory_checkpoint():

@@ -23,7 +23,7 @@ it adds ``onnx::<Op>::<n>``; the forward outputs are the values made by other no
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,9 +133,11 @@ class Evaluation:
 
 
 def evaluate(directory: Path | str, data: Mapping[str, np.ndarray], values: Mapping[str, np.ndarray], *,
-             source: str = "", values_source: str = "", threads: int | None = None) -> Evaluation:
+             source: str = "", values_source: str = "", threads: int | None = None,
+             on_batch: Callable[[int, int, float], None] | None = None) -> Evaluation:
     """Run the eval model on ``values`` (parameters by name) over the batches of ``data`` (one array per
-    data input, with a leading batch-index axis, or one batch of the input's own rank)."""
+    data input, with a leading batch-index axis, or one batch of the input's own rank); ``on_batch(done,
+    total, loss)`` after each batch."""
     directory = Path(directory)
     ev = load_eval_model(directory, values)
     declared = {i.name: i.type.tensor_type for i in ev.model.graph.input}
@@ -159,6 +161,8 @@ def evaluate(directory: Path | str, data: Mapping[str, np.ndarray], values: Mapp
         except Exception as exc:  # noqa: BLE001
             raise RuntimeFailure(f"{EVAL_MODEL}: batch {k}: {ort_message(exc)}") from None
         losses.append(float(np.asarray(out[0]).reshape(-1)[0]))
+        if on_batch is not None:
+            on_batch(k + 1, count, losses[-1])
         if ev.binary:
             right += int(np.sum((np.asarray(out[1]) > 0) == (np.asarray(batch[ev.labels]) > 0.5)))
             total += int(np.asarray(out[1]).size)

@@ -299,3 +299,60 @@ def test_cli_bad_checkpoint_exit_1_one_line_nothing_written(case, command, tmp_p
         assert "parameter '3.bias' is no input of eval_model.onnx" in err[0]
     assert not any(p.exists() for p in outs)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted({"data.npz", *(["bad.ckpt"] if bad.exists() else [])})
+
+
+# -- progress in a terminal and out of one ------------------------------------------------------------------
+
+
+def _run_cli(argv: list[str], tty: bool) -> tuple[str, str]:
+    """``python -m lowering ARGV`` with stdout and stderr on one pseudo-terminal (tty: returns what it shows,
+    "") or on two pipes (returns stdout, stderr)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent))
+    command = [sys.executable, "-m", "lowering", *argv]
+    if not tty:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout, done.stderr
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(command, stdout=follower, stderr=follower, env=env)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert process.wait(timeout=300) == 0
+    return b"".join(chunks).decode(), ""
+
+
+def _screen(raw: str) -> list[str]:
+    """The lines a terminal shows: within a line, text before a carriage return + erase-line is gone."""
+    lines = []
+    for line in raw.replace("\r\n", "\n").split("\n"):
+        lines.append(line.split("\r\x1b[K")[-1].split("\r")[-1])
+    return lines
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_progress_bar_in_a_terminal_and_clean_stdout_out_of_one(command, tmp_path):
+    data = _npz(tmp_path, "cnn1d")
+    argv = ["train", str(ARTIFACTS / "cnn1d"), "--steps", "3", "--data", data] if command == "train" else \
+        ["eval", str(ARTIFACTS / "cnn1d"), "--data", data]
+    out, err = _run_cli(argv, tty=False)
+    assert err == "" and "\r" not in out and "[" not in out
+    if command == "train":
+        assert [line.split()[:2] for line in out.splitlines()[1:]] == [["step", "1"], ["step", "2"], ["step", "3"]]
+    raw, _ = _run_cli(argv, tty=True)
+    assert "[##########" in raw  # the bar was drawn
+    shown = [line for line in _screen(raw) if line.strip()]
+    assert shown == [line for line in out.splitlines() if line.strip()]  # and erased: the same lines as a pipe gets

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from lowering.cli.arguments import positive_int
+from lowering.cli.progress import Progress
 from lowering.cli.run import load_npz
 from lowering.workflow import EVAL_MODEL, evaluate, parameter_values
 
@@ -32,7 +33,17 @@ def run(args: argparse.Namespace) -> int:
     given = load_npz(Path(args.params)) if args.params else None
     values = parameter_values(directory, params=given, checkpoint=args.checkpoint)
     source = args.params or args.checkpoint or str(directory / "checkpoint")
-    result = evaluate(directory, data, values, source=str(data_path), values_source=source, threads=args.threads)
+    progress = Progress(1)
+    try:
+        result = evaluate(directory, data, values, source=str(data_path), values_source=source, threads=args.threads,
+                          on_batch=lambda done, total, loss: _update(progress, done, total, loss))
+    finally:
+        progress.close()
     accuracy = f" accuracy {result.accuracy:.6g}" if result.accuracy is not None else ""
     print(f"eval loss {result.loss:.6g}{accuracy} ({result.batches} batch{'es' if result.batches > 1 else ''})")
     return 0
+
+
+def _update(progress: Progress, done: int, total: int, loss: float) -> None:
+    progress.total = total
+    progress.update(done, f"loss {loss:.4g}")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import io
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from lowering.checkpoint import write_checkpoint
 from lowering.cli.arguments import positive_int
+from lowering.cli.progress import Progress
 from lowering.cli.run import load_npz
 from lowering.modelio import write_atomic
 from lowering.rules import TARGETS
@@ -75,11 +75,14 @@ def run(args: argparse.Namespace) -> int:
     after = f" after step {start.step}" if start.step else ""
     print(f"training {len(models.params)} parameters of {directory} for {args.steps} steps{after} on plain "
           f"onnxruntime (data inputs: {', '.join(data_inputs)})")
-    for k in range(start.step, start.step + args.steps):  # step k + 1 feeds batch k, numbered on from a checkpoint
-        loss = trainer.step(feed(k))
-        _progress(k + 1 - start.step, args.steps, loss)
-        print(f"step {k + 1} loss {loss:.6g}", flush=True)
-    print(file=sys.stderr)
+    progress = Progress(args.steps)
+    try:
+        for k in range(start.step, start.step + args.steps):  # step k + 1 feeds batch k, numbered on from a checkpoint
+            loss = trainer.step(feed(k))
+            progress.update(k + 1 - start.step, f"loss {loss:.4g}")
+            progress.write(f"step {k + 1} loss {loss:.6g}")
+    finally:
+        progress.close()
     if args.save:
         buffer = io.BytesIO()
         np.savez(buffer, **trainer.params, **trainer.frozen)  # running statistics too: --params reads both
@@ -93,8 +96,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.export}")
     return 0
 
-
-def _progress(done: int, total: int, loss: float, width: int = 30) -> None:
-    filled = width * done // total
-    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} loss {loss:.4g}", end="", file=sys.stderr,
-          flush=True)

@@ -9,6 +9,7 @@ onnxruntime-training loaded in the recording (same values), and its next step th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -178,10 +179,18 @@ def test_a_checkpoint_that_does_not_fit_the_artifacts_names_the_first_mismatch(t
 # -- acceptance against onnxruntime-training ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_onnxruntime_training_checkpoint_then_m_steps_equals_its_k_plus_m(name):
-    recorded = np.load(WORKFLOW / name / "ortt_k6.npz")
+def _models(name: str, path: str):
+    """The lowered artifacts, run as one train-step model (Trainer's default) or as the two models."""
     models = lower_artifacts(ARTIFACTS / name)
+    assert models.step is not None
+    return models if path == "train-step" else dataclasses.replace(models, step=None)
+
+
+@pytest.mark.parametrize("path", ["train-step", "two-models"])
+@pytest.mark.parametrize("name", NAMES)
+def test_onnxruntime_training_checkpoint_then_m_steps_equals_its_k_plus_m(name, path):
+    recorded = np.load(WORKFLOW / name / "ortt_k6.npz")
+    models = _models(name, path)
     start = checkpoint_start(WORKFLOW / name / "ortt_k3.ckpt", models)
     trainer = Trainer(models, start)
     feed = batches(_data(name), models, start.frozen)
@@ -210,8 +219,9 @@ def test_oplower_k_steps_checkpoint_m_steps_equals_onnxruntime_training(name, tm
     _params_close(trainer.params, trainer.frozen, recorded)
 
 
+@pytest.mark.parametrize("path", ["train-step", "two-models"])
 @pytest.mark.parametrize("name", NAMES)
-def test_onnxruntime_training_loads_oplower_checkpoint_and_its_next_step_matches(name, tmp_path):
+def test_onnxruntime_training_loads_oplower_checkpoint_and_its_next_step_matches(name, path, tmp_path):
     # the recording ran `oplower train --steps 3 --save-checkpoint` and loaded the file in onnxruntime-training
     recorded_file = read_checkpoint(WORKFLOW / name / "oplower_k3.ckpt")
     after = np.load(WORKFLOW / name / "ortt_from_oplower.npz")
@@ -229,7 +239,7 @@ def test_onnxruntime_training_loads_oplower_checkpoint_and_its_next_step_matches
         for x, y in zip(now.moments[p], recorded_file.moments[p], strict=True):
             _close(x, y, 1e-6, p) if np.any(y) else np.testing.assert_array_equal(x, y)
     # and its next step equals onnxruntime-training's step from that file
-    models = lower_artifacts(ARTIFACTS / name)
+    models = _models(name, path)
     trainer = Trainer(models, checkpoint_start(WORKFLOW / name / "oplower_k3.ckpt", models))
     loss = trainer.step(batches(_data(name), models, recorded_file.frozen)(K))
     _losses_close([loss], [float(after["loss"])])

@@ -102,22 +102,35 @@ def test_oplower_lower_strict_writes_a_standard_training_model(name, tmp_path, c
     assert {n.domain for n in lowered.graph.node} <= {"", "ai.onnx"}
 
 
+def _batch_file(name: str, tmp_path: Path) -> Path:
+    """data.npz with the labels under the training model's own name for them."""
+    data = dict(np.load(ROOT / name / "data.npz"))
+    path = tmp_path / "batch.npz"
+    np.savez(path, input=data["input"], **{_meta(name)["labels_input"]: data["labels"]})
+    return path
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_oplower_train_trains_like_onnxruntime_training(name, tmp_path, capsys):
-    """`oplower train` on the committed artifact, from its recorded initial parameters, on its one batch: the
-    printed losses are the training API's first three."""
-    meta = _meta(name)
-    directory = ROOT / name
-    data = dict(np.load(directory / "data.npz"))
-    batch = tmp_path / "batch.npz"
-    np.savez(batch, input=data["input"], **{meta["labels_input"]: data["labels"]})
+    """`oplower train` on the committed artifact as a user runs it (starting from ARTIFACT_DIR/checkpoint, its
+    learning rate) on its one batch: the printed losses are the training API's first three."""
     steps = 3
-    assert main(["train", str(directory), "--steps", str(steps), "--data", str(batch), "--params",
-                 str(directory / "initial_params.npz"), "--lr", repr(meta["learning_rate"])]) == 0
+    assert main(["train", str(ROOT / name), "--steps", str(steps), "--data", str(_batch_file(name, tmp_path))]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     losses = [float(line.split()[-1]) for line in lines]
-    curve = json.loads((directory / "api_curve.json").read_text())["loss"][:steps]
+    curve = json.loads((ROOT / name / "api_curve.json").read_text())["loss"][:steps]
     np.testing.assert_allclose(losses, curve, rtol=1e-5)  # printed to 6 significant digits
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "mobilenet"])
+def test_oplower_eval_gives_the_first_training_loss(name, tmp_path, capsys):
+    """eval_model.onnx at the initial parameters: without batch norm (whose eval mode uses the running
+    statistics) and with every Dropout ratio 0, the forward pass is the training one: its loss is the training
+    API's first."""
+    assert main(["eval", str(ROOT / name), "--data", str(_batch_file(name, tmp_path))]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("eval loss"))
+    first = json.loads((ROOT / name / "api_curve.json").read_text())["loss"][0]
+    assert float(line.split()[2]) == pytest.approx(first, rel=1e-5)
 
 
 # -- the portable train-step model: a training-mode Dropout spelled out (lowering/portable_std.py) -------------

@@ -31,6 +31,7 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
+from lowering.checkpoint import Checkpoint, CheckpointError, read_checkpoint, write_checkpoint
 from lowering.modelio import load_model
 from lowering.passes import lower_model
 from lowering.train_step import FIRST_MOMENT, SECOND_MOMENT, BoundStep, TrainStep, train_step
@@ -41,6 +42,8 @@ TRAINING_MODEL, OPTIMIZER_MODEL = "training_model.onnx", "optimizer_model.onnx"
 BUFFER_SUFFIX = "_grad.accumulation.buffer"
 LAZY_RESET = "lazy_reset_grad"
 OPTIMIZER_SEQUENCES = ("params", "gradients", "first_order_moments", "second_order_moments")
+MOMENTS = OPTIMIZER_SEQUENCES[2:]
+CHECKPOINT = "checkpoint"
 
 
 class TrainingDataError(OplowerError):
@@ -60,6 +63,12 @@ class TrainingModels:
     other_inputs: tuple[str, ...]
     # the same step as one tensor-only model (lowering.train_step), which Trainer runs when it is there
     step: TrainStep | None = None
+
+
+def moment_count(models: TrainingModels) -> int:
+    """How many moment sequences the optimizer model takes (SGDOptimizerV2 1, AdamWOptimizer 2)."""
+    names = {i.name for i in models.optimizer.graph.input}
+    return sum(1 for m in MOMENTS if m in names)
 
 
 def lower_artifacts(directory: Path | str, *, target: str = "onnxruntime") -> TrainingModels:
@@ -107,10 +116,16 @@ def lower_artifacts(directory: Path | str, *, target: str = "onnxruntime") -> Tr
 
 @dataclass(frozen=True)
 class StartingPoint:
-    """Where training starts: the trainable parameters and the frozen ones (constant inputs)."""
+    """Where training starts: the trainable parameters and the frozen ones (constant inputs); from a
+    checkpoint with optimizer state also the moments (``moments[i]`` = the optimizer model's i-th moment
+    sequence, one array per trainable parameter in ``params`` order), the optimizer steps taken and the
+    learning rate the checkpoint records."""
 
     params: dict[str, np.ndarray]
     frozen: dict[str, np.ndarray]
+    moments: tuple[list[np.ndarray], ...] = ()
+    step: int = 0
+    learning_rate: float | None = None
 
 
 def initial_parameters(directory: Path | str, models: TrainingModels,
@@ -167,8 +182,11 @@ class Trainer:
         self.models = models
         params = {p: np.asarray(start.params[p]) for p in models.params}
         self.buffers = {p: np.zeros_like(v) for p, v in params.items()}
+        # the moments a checkpoint held (first, then second), zeros for the rest
+        given = [list(m) for m in start.moments]
+        given += [[np.zeros_like(v) for v in params.values()] for _ in range(len(MOMENTS) - len(given))]
         self.learning_rate = np.array([learning_rate], np.float32)
-        self.step_count = 0
+        self.step_count = start.step  # optimizer steps taken: the next one passes step_count + 1
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
@@ -178,18 +196,19 @@ class Trainer:
         # 2 threads: 0.63 ms against 0.74 ms for unbound runs of the same model and ~0.9-1.0 ms for the two
         # models; mlp_bce 0.071 / 0.124 / 0.22 ms); the two-model step otherwise.
         self._bound: BoundStep | None = None
-        zeros = {p + m: np.zeros_like(v) for p, v in params.items() for m in (FIRST_MOMENT, SECOND_MOMENT)}
+        moments = {p + m: np.asarray(given[i][j]) for j, p in enumerate(params)
+                   for i, m in enumerate((FIRST_MOMENT, SECOND_MOMENT))}
         if models.step is not None:
             interface = models.step.interface
             session = self._session(models.step.model, options, "train-step model")
-            state = {**params, **zeros, **{n: start.frozen[n] for n in interface.updated_frozen}}
+            state = {**params, **moments, **{n: start.frozen[n] for n in interface.updated_frozen}}
             constants = {n: v for n, v in start.frozen.items() if n not in interface.updated_frozen}
             self._bound = BoundStep(session, interface, state, constants, self.learning_rate)
-            self._sgd_moments = zeros  # SGD has none; kept so the moments read the same either way
+            self._sgd_moments = moments  # SGD has none; kept so the moments read the same either way
             return
         self._params, self._frozen = params, dict(start.frozen)
-        self._first = [zeros[p + FIRST_MOMENT] for p in params]
-        self._second = [zeros[p + SECOND_MOMENT] for p in params]
+        self._first = [moments[p + FIRST_MOMENT] for p in params]
+        self._second = [moments[p + SECOND_MOMENT] for p in params]
         self._training = self._session(models.training, options, TRAINING_MODEL)
         self._optimizer = self._session(models.optimizer, options, OPTIMIZER_MODEL)
         self._opt_inputs = {i.name for i in self._optimizer.get_inputs()}
@@ -307,6 +326,68 @@ class Trainer:
             self._second = [np.asarray(v) for v in updated["second_order_moments.updated"]]
         return float(np.asarray(results[self.models.loss]).reshape(-1)[0])
 
+    def checkpoint(self) -> Checkpoint:
+        """The state to go on from: parameters, frozen values (running statistics as updated), the moments
+        the optimizer model takes (``momentum0`` = first_order_moments, ``momentum1`` = second) and the step."""
+        moments = (self.first_moments, self.second_moments)[:moment_count(self.models)]
+        return Checkpoint(params=dict(self.params), frozen=dict(self.frozen),
+                          moments={p: [m[i] for m in moments] for i, p in enumerate(self.params)},
+                          step=self.step_count, learning_rate=float(self.learning_rate[0]))
+
+
+def checkpoint_start(path: Path | str, models: TrainingModels, checkpoint: Checkpoint | None = None) -> StartingPoint:
+    """The starting point a checkpoint file holds, checked against the artifacts: the same trainable
+    parameters, frozen ones the training model takes, every shape and element type as declared, as many
+    moments per parameter as the optimizer model takes. The first mismatch raises CheckpointError."""
+    ckpt = checkpoint if checkpoint is not None else read_checkpoint(path)
+    inputs = {i.name: i.type.tensor_type for i in models.training.graph.input}
+    training = "the training model"
+    missing = [p for p in models.params if p not in ckpt.params]
+    if missing:
+        where = "is frozen there" if missing[0] in ckpt.frozen else "is not in it"
+        raise CheckpointError(f"{path}: the trainable parameter {missing[0]!r} of {training} {where} (the "
+                              f"checkpoint's trainable parameters: {', '.join(sorted(ckpt.params)) or 'none'})")
+    extra = [p for p in ckpt.params if p not in models.params]
+    if extra:
+        raise CheckpointError(f"{path}: trainable parameter {extra[0]!r} is no trainable parameter of {training} "
+                              f"({', '.join(models.params)})")
+    stray = [p for p in ckpt.frozen if p not in models.other_inputs]
+    if stray:
+        raise CheckpointError(f"{path}: frozen parameter {stray[0]!r} is no input of {training}")
+    for group in (ckpt.params, ckpt.frozen):
+        for name, value in group.items():
+            declared = [d.dim_value if d.HasField("dim_value") else None for d in inputs[name].shape.dim]
+            dtype = np_dtype(inputs[name].elem_type)
+            if value.dtype != dtype or len(declared) != value.ndim or any(
+                    d is not None and d != s for d, s in zip(declared, value.shape, strict=False)):
+                raise CheckpointError(f"{path}: parameter {name!r} is {value.dtype}{list(value.shape)}; {training} "
+                                      f"declares {np.dtype(dtype)}{declared}")
+    moments: tuple[list[np.ndarray], ...] = ()
+    if ckpt.has_optimizer_state:
+        wanted = moment_count(models)
+        held = len(next(iter(ckpt.moments.values())))
+        if held != wanted:
+            raise CheckpointError(f"{path}: {held} optimizer moment(s) per parameter; the optimizer model takes "
+                                  f"{wanted} ({', '.join(MOMENTS[:wanted]) or 'none'})")
+        moments = tuple([ckpt.moments[p][i] for p in models.params] for i in range(wanted))
+    return StartingPoint({p: ckpt.params[p] for p in models.params}, dict(ckpt.frozen), moments,
+                         ckpt.step if ckpt.has_optimizer_state else 0, ckpt.learning_rate)
+
+
+def starting_point(directory: Path | str, models: TrainingModels, *,
+                   params: Mapping[str, np.ndarray] | None = None, params_source: str = "",
+                   checkpoint: Path | str | None = None) -> StartingPoint:
+    """Where training starts: ``params`` (by name) if given, else the checkpoint file ``checkpoint``, else
+    ``<directory>/checkpoint`` when there is one, else the initializers of the forward model in the
+    directory (:func:`initial_parameters`)."""
+    if params is not None:
+        return initial_parameters(directory, models, params, params_source)
+    if checkpoint is None and (Path(directory) / CHECKPOINT).is_file():
+        checkpoint = Path(directory) / CHECKPOINT
+    if checkpoint is not None:
+        return checkpoint_start(checkpoint, models)
+    return initial_parameters(directory, models)
+
 
 def batches(data: Mapping[str, np.ndarray], models: TrainingModels, frozen: Mapping[str, np.ndarray] = {},  # noqa: B006
             source: str = "") -> Callable[[int], dict]:
@@ -338,16 +419,22 @@ def batches(data: Mapping[str, np.ndarray], models: TrainingModels, frozen: Mapp
 
 
 def train(directory: Path | str, data: Mapping[str, np.ndarray], steps: int, *,
-          params: Mapping[str, np.ndarray] | None = None, learning_rate: float = 1e-3,
+          params: Mapping[str, np.ndarray] | None = None, learning_rate: float | None = None,
+          checkpoint: Path | str | None = None, save_checkpoint: Path | str | None = None,
           on_step: Callable[[int, float], None] | None = None) -> tuple[list[float], dict[str, np.ndarray]]:
-    """Lower the artifacts once, train ``steps`` steps; returns the loss per step and the final parameters."""
+    """Lower the artifacts once, train ``steps`` steps from :func:`starting_point`; returns the loss per
+    step and the final parameters. ``learning_rate`` defaults to the checkpoint's, else 1e-3; step ``k``
+    (numbered on from the checkpoint's: the first step after k steps is step k + 1, from 0 here) feeds batch
+    ``k``; ``save_checkpoint`` writes the state after the last step."""
     models = lower_artifacts(directory)
-    start = initial_parameters(directory, models, params)
-    trainer = Trainer(models, start, learning_rate=learning_rate)
+    start = starting_point(directory, models, params=params, checkpoint=checkpoint)
+    trainer = Trainer(models, start, learning_rate=learning_rate or start.learning_rate or 1e-3)
     feed = batches(data, models, start.frozen)
     losses = []
-    for k in range(steps):
+    for k in range(start.step, start.step + steps):
         losses.append(trainer.step(feed(k)))
         if on_step is not None:
             on_step(k + 1, losses[-1])
+    if save_checkpoint is not None:
+        write_checkpoint(save_checkpoint, trainer.checkpoint())
     return losses, trainer.params

@@ -336,7 +336,7 @@ def _simplified_layer_norm(n: _Node, exact: bool, single_output: str) -> tuple:
     x = n.input("X")
     y, inv = reference_normalization.simplified_layer_norm(x, n.input("scale"), int(n.attribute("axis")),
                                                            float(n.attribute("epsilon")))
-    return n.results({"Y": (y, None if exact else x.dtype), "inv_std": (inv, None if exact else np.float32)})
+    return n.results({"Y": (y, None if exact else x.dtype), "saved_inv_std": (inv, None if exact else np.float32)})
 
 
 RULES |= {"softmax_grad": _softmax_grad, "layer_norm_grad": _layer_norm_grad,

@@ -23,6 +23,7 @@ from onnx import TensorProto, helper
 from test_portable import _run as run_in
 from test_training_grads_recorded import assert_matches_recorded, load_case
 
+from lowering.cli import main
 from lowering.passes import lower_model
 from lowering.rules import PORTABLE_OPS, TARGETS, rule_targets
 from opdef.errors import LoweringError, VerificationError
@@ -34,6 +35,7 @@ from runtime import reference_normalization as ref
 from runtime.session import run_model
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ort_training"
 MS = "com.microsoft"
 F32, F16, BF16, F64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE
 NP = {F32: np.float32, F16: np.float16, BF16: ml_dtypes.bfloat16, F64: np.float64}
@@ -528,3 +530,13 @@ def test_recorded_softmax_cases_follow_the_axis_semantics(op):
         close(recorded["dX"], grad(dy, y, axis, trailing), elem, case["variant"])
         if axis % dy.ndim != dy.ndim - 1:  # the other semantics gives another result there
             assert np.max(np.abs(recorded["dX"] - grad(dy, y, axis, not trailing))) > 1e-2
+
+
+@pytest.mark.parametrize("op", [*SOFTMAX_OPS, *NORM_OPS])
+def test_lower_verify_passes_on_a_recorded_case(op, tmp_path, capsys):
+    """``oplower lower --verify``: the lowering against the evaluator's float64 rule on random inputs."""
+    case = recorded_cases(op)[0]
+    out = tmp_path / "lowered.onnx"
+    assert main(["lower", str(FIXTURES / case["model"]), "-o", str(out), "--verify"]) == 0
+    report = capsys.readouterr().out
+    assert "PASS" in report and "FAIL" not in report and out.is_file()

@@ -114,7 +114,7 @@ def lower_layer_norm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
 
 @register_rule("simplified_layer_norm", targets=TARGETS)
 def lower_simplified_layer_norm(b: NodeBuilder, request: LoweringRequest) -> None:
-    y_out, inv_out = request.output("Y"), request.output("inv_std")
+    y_out, inv_out = request.output("Y"), request.output("saved_inv_std")
     if y_out is None and inv_out is None:
         return
     rank, axis = _rank_and_axis(request)

@@ -24,7 +24,7 @@ from opdef.errors import ModelError, OplowerError, RuntimeFailure, VerificationE
 from opdef.graphs import all_nodes
 from opdef.registry import Entry, Registry
 from opdef.rules.pool_grad import pool_parameters
-from runtime import reference, reference_training, reference_updates
+from runtime import reference, reference_normalization, reference_training, reference_updates
 
 SINGLE_OUTPUT_MODES = ("spec", "upstream")
 # An omitted output ("") of a custom node is renamed to this prefix + a number on the evaluator's copy:
@@ -309,6 +309,38 @@ def _adamw_optimizer(n: _Node, exact: bool, single_output: str) -> tuple:
 
 RULES |= {"in_place_accumulator": _in_place_accumulator, "sgd_optimizer": _sgd_optimizer,
           "adamw_optimizer": _adamw_optimizer}
+
+
+# -- onnxruntime-training's softmax and normalization ops (runtime.reference_normalization); the binding's
+# -- options say log-softmax or softmax and over which axes the pre-13 and 13 forms sum
+
+def _softmax_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy, y = n.input("dY"), n.input("Y")
+    options = dict(n.binding.options)
+    grad = reference_normalization.log_softmax_grad if options.get("log") else reference_normalization.softmax_grad
+    dx = grad(dy, y, int(n.attribute("axis")), trailing=options.get("reduce") == "trailing")
+    return _rounded(n, exact, {"dX": dx}, dy.dtype)
+
+
+def _layer_norm_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy, x, scale, inv = n.input("dY"), n.input("X"), n.input("scale"), n.input("inv_std")
+    axis = int(n.attribute("axis"))
+    if n.has_input("mean"):
+        dx, dscale, dbias = reference_normalization.layer_norm_grad(dy, x, scale, n.input("mean"), inv, axis)
+        return _rounded(n, exact, {"dX": dx, "dscale": dscale, "dbias": dbias}, dy.dtype)
+    dx, dscale = reference_normalization.simplified_layer_norm_grad(dy, x, scale, inv, axis)
+    return _rounded(n, exact, {"dX": dx, "dscale": dscale}, dy.dtype)
+
+
+def _simplified_layer_norm(n: _Node, exact: bool, single_output: str) -> tuple:
+    x = n.input("X")
+    y, inv = reference_normalization.simplified_layer_norm(x, n.input("scale"), int(n.attribute("axis")),
+                                                           float(n.attribute("epsilon")))
+    return n.results({"Y": (y, None if exact else x.dtype), "saved_inv_std": (inv, None if exact else np.float32)})
+
+
+RULES |= {"softmax_grad": _softmax_grad, "layer_norm_grad": _layer_norm_grad,
+          "simplified_layer_norm": _simplified_layer_norm}
 
 
 def op_classes(registry: Registry, *, exact: bool = False, single_output: str = "spec") -> list[type[OpRun]]:

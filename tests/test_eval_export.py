@@ -172,3 +172,32 @@ def test_cli_bad_export_and_eval_arguments(tmp_path, capsys):
     code = main(["eval", str(ARTIFACTS / "cnn1d"), "--data", str(data)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "no array for the data input 'labels'" in err[0]
+
+
+def test_the_workflow_block_in_docs_training_runs_as_written(tmp_path):
+    """docs/training.md's copy-paste workflow (train from the directory's checkpoint, save a checkpoint, go on
+    from it, export, eval, run the export) runs as it stands and prints onnxruntime-training's losses."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "docs" / "training.md").read_text()
+    section = text[text.index("## 4. Checkpoints"):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, command in (("oplower", f'"{sys.executable}" -m lowering'), ("python", f'"{sys.executable}"')):
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "tests").symlink_to(root / "tests")
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+               PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(["bash", "-e", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    for loss in ("step 4 loss 0.681481", "step 5 loss 0.678806", "step 6 loss 0.676146",
+                 "eval loss 0.66424 accuracy 0.5 (1 batch)"):
+        assert loss in done.stdout, done.stdout
+    assert (tmp_path / "y.npz").exists() and (tmp_path / "k6.ckpt").exists()

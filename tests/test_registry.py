@@ -30,6 +30,13 @@ BUNDLED = {
     ("com.microsoft", "InPlaceAccumulatorV2"): "onednn",
     ("com.microsoft", "AdamWOptimizer"): "onednn",
     ("com.microsoft", "SGDOptimizerV2"): "onednn",
+    ("com.microsoft", "SoftmaxGrad"): "onednn",
+    ("com.microsoft", "SoftmaxGrad_13"): "onednn",
+    ("com.microsoft", "LogSoftmaxGrad"): "onednn",
+    ("com.microsoft", "LogSoftmaxGrad_13"): "onednn",
+    ("com.microsoft", "LayerNormalizationGrad"): "onednn",
+    ("com.microsoft", "SimplifiedLayerNormalizationGrad"): "onednn",
+    ("", "SimplifiedLayerNormalization"): "onednn",
 }
 
 

@@ -62,7 +62,7 @@ async function train() {
     const started = performance.now();
     for (let k = 0; k < index.steps; k++) {
       const feeds = {...constants, ...state, learning_rate: lr,
-                     step: new ort.Tensor("int64", BigInt64Array.of(BigInt(k + 1)), [1])};
+                     step: new ort.Tensor("int64", BigInt64Array.of(BigInt((index.first_step || 1) + k)), [1])};
       for (const [name, meta] of Object.entries(index.data)) feeds[name] = batchOf(blob, meta, k);
       const out = await session.run(feeds);
       losses.push(Number(out[index.loss].data[0]));

@@ -13,7 +13,7 @@ from lowering.cli.run import load_npz
 from lowering.modelio import write_atomic
 from lowering.rules import TARGETS
 from lowering.train_step import FIRST_MOMENT, SECOND_MOMENT
-from lowering.training import batches, initial_parameters, lower_artifacts
+from lowering.training import batches, lower_artifacts, starting_point
 from lowering.web_bundle import write_bundle
 from opdef.errors import OplowerError
 
@@ -58,13 +58,13 @@ def run(args: argparse.Namespace) -> int:
         data_path = Path(args.data)
         data = load_npz(data_path)
         given = load_npz(Path(args.params)) if args.params else None
-        start = initial_parameters(directory, models, given, args.params or "")
+        start = starting_point(directory, models, params=given, params_source=args.params or "")
         feed = batches(data, models, start.frozen, str(data_path))
         count = max(np.asarray(data[n]).shape[0] if np.asarray(data[n]).ndim > _rank(models, n) else 1
                     for n in interface.data)
         stacked = {n: np.stack([feed(k)[n] for k in range(count)]) for n in interface.data}
         write_bundle(Path(args.bundle), step, stacked, start.params, start.frozen, steps=args.steps,
-                     learning_rate=args.lr)
+                     learning_rate=args.lr, moments=start.moments, steps_taken=start.step)
         print(f"wrote {args.bundle} (train_step.onnx, bundle.json, tensors.bin: {args.steps} steps)")
     if args.output:
         write_atomic(Path(args.output), step.model.SerializeToString())

@@ -106,6 +106,51 @@ SCHEMAS = {
         note="seen in the BCEWithLogitsLoss artifact; input names not transcribed (positional: output gradient, "
              "Sigmoid output); the fixture ops/SigmoidGrad shows dX = dY * Y * (1 - Y)",
         type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::SoftmaxGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("Y", "T", S)), outputs=io(("dX", "T", S)),
+        attributes=attrs(axis=("INT", False, 1)),
+        note="pre-13 axis: the sum runs over every axis from axis on (the ops/SoftmaxGrad fixtures); the CPU kernel "
+             "runs f32/f16, f64 through the schema's function body",
+        type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::SoftmaxGrad_13": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("Y", "T", S)), outputs=io(("dX", "T", S)),
+        attributes=attrs(axis=("INT", False, -1)),
+        note="the sum runs over axis alone; the CPU kernel runs f32/f16 (no f64)",
+        type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::LogSoftmaxGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("X", "T", S)), outputs=io(("dX", "T", S)),
+        attributes=attrs(axis=("INT", False, 1)),
+        note="X is the LogSoftmax output; pre-13 axis as SoftmaxGrad; the CPU kernel runs f32/f16 (no f64)",
+        type_constraints={"T": FLOATS}),
+    "com.microsoft::LogSoftmaxGrad_13": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("X", "T", S)), outputs=io(("dX", "T", S)),
+        attributes=attrs(axis=("INT", False, -1)),
+        note="X is the LogSoftmax output; the sum runs over axis alone; the CPU kernel runs f32/f16 (no f64)",
+        type_constraints={"T": FLOATS}),
+    "com.microsoft::LayerNormalizationGrad": dict(
+        since_version=1,
+        inputs=io(("Y_grad", "T", S), ("X", "T", S), ("scale", "T", S), ("mean", "U", S), ("inv_std_var", "U", S)),
+        outputs=io(("X_grad", "T", S), ("scale_grad", "T", S), ("bias_grad", "T", S)),
+        attributes=attrs(axis=("INT", False, -1)), allow_unchecked_attributes=True,
+        note="the gradient builder copies the forward's epsilon and stash_type onto it (unchecked); every output "
+             "is required by the schema; the CPU kernel takes T f32/f16/f64 with U f32 only",
+        type_constraints={"T": FLOATS_BF, "U": ["tensor(float)", "tensor(bfloat16)"]}),
+    "com.microsoft::SimplifiedLayerNormalizationGrad": dict(
+        since_version=1,
+        inputs=io(("Y_grad", "T", S), ("X", "T", S), ("scale", "T", S), ("inv_std_var", "U", S)),
+        outputs=io(("X_grad", "T", S), ("scale_grad", "T", S)),
+        attributes=attrs(axis=("INT", False, -1)), allow_unchecked_attributes=True,
+        note="epsilon and stash_type copied from the forward (unchecked); both outputs required by the schema; the "
+             "CPU kernel takes T f32/f16 (no f64)",
+        type_constraints={"T": FLOATS_BF, "U": ["tensor(float)"]}),
+    "ai.onnx::SimplifiedLayerNormalization": dict(
+        since_version=1, inputs=io(("X", "T", S), ("scale", "T", S)),
+        outputs=io(("Y", "T", S), ("inv_std_var", "U", OPT)),
+        attributes=attrs(axis=("INT", False, -1), epsilon=("FLOAT", False, 1e-5)), allow_unchecked_attributes=True,
+        note="default domain, not standard ONNX: onnxruntime's fusion of a hand-written RMSNorm, written into "
+             "generate_artifacts' training models; inv_std_var has X's row dims followed by 1s (the kernel's shape); "
+             "the CPU kernel takes f32/f16 (no f64)",
+        type_constraints={"T": FLOATS_BF, "U": ["tensor(float)"]}),
 }
 
 if __name__ == "__main__":

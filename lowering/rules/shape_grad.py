@@ -34,6 +34,13 @@ from opdef.errors import LoweringError
 INT64_MAX = np.iinfo(np.int64).max
 SCATTER_ADD_SINCE = 16  # ScatterND's reduction attribute
 SPLIT_INPUT_SINCE = 13  # Split's split as an input
+ALLOWZERO_SINCE = 14  # Reshape's allowzero
+
+
+def _reshape(b: NodeBuilder, data: str, shape: str, output: str | None = None) -> str:
+    """Reshape to a computed shape whose entries may be 0 (an empty slice): ``allowzero`` from opset 14 keeps
+    a 0 a 0 instead of copying the input's dim (before 14 an empty piece is not lowered correctly)."""
+    return b.op1("Reshape", [data, shape], output, allowzero=1 if b.opset >= ALLOWZERO_SINCE else None)
 
 
 def _fail(request: LoweringRequest, message: str) -> LoweringError:
@@ -91,7 +98,7 @@ def _scatter_rows(b: NodeBuilder, e: Emitter, view: str, positions: str, outer: 
     if axis_is_first:  # P is 1: the [n, R] rows scatter straight into [D, R]
         zeros = b.op1("ConstantOfShape", [b.op1("Concat", [size, inner], axis=0)],
                       value=_zero_tensor(e.ct))
-        rows = b.op1("Reshape", [view, b.op1("Concat", [e.ints([-1], "rest"), inner], axis=0)])
+        rows = _reshape(b, view, b.op1("Concat", [e.ints([-1], "rest"), inner], axis=0))
         return b.op1("ScatterND", [zeros, index, rows], reduction=reduction)
     zeros = b.op1("ConstantOfShape", [b.op1("Concat", [size, outer, inner], axis=0)], value=_zero_tensor(e.ct))
     rows = b.op1("Transpose", [view], perm=[1, 0, 2])
@@ -171,8 +178,7 @@ def lower_gather_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     positions = b.op1("Reshape", [positions, e.ints([-1], "flat")])
     negative = b.op1("Less", [positions, e.ints(0, "zero")])
     positions = b.op1("Where", [negative, b.op1("Add", [positions, size]), positions])
-    view = b.op1("Reshape", [e.up(request.input("dY"), io), b.op1("Concat", [outer, e.ints([-1], "rest"), inner],
-                                                                     axis=0)])
+    view = _reshape(b, e.up(request.input("dY"), io), b.op1("Concat", [outer, e.ints([-1], "rest"), inner], axis=0))
     if request.options.target == "onnxruntime" and b.opset >= SCATTER_ADD_SINCE:
         dx = _scatter_rows(b, e, view, positions, outer, size, inner, axis == 0, "add")
     else:
@@ -227,7 +233,7 @@ def lower_slice_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         taken = b.op1("Range", [e.ints(0, "zero"), b.op1("Reshape", [length, e.ints([], "scalar_shape")]),
                                 e.ints(1, "one_step")])
         positions = b.op1("Add", [start, b.op1("Mul", [taken, step])])
-        view = b.op1("Reshape", [current, b.op1("Concat", [outer, length, inner], axis=0)])
+        view = _reshape(b, current, b.op1("Concat", [outer, length, inner], axis=0))
         if scatter:
             grown = _scatter_rows(b, e, view, positions, outer, size, inner, axis == 0, None)
         else:
@@ -237,7 +243,7 @@ def lower_slice_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         else:
             new_dims = b.op1("Concat", [_piece(b, e, dims, 0, axis), size, _piece(b, e, dims, after, INT64_MAX)],
                              axis=0)
-            current = b.op1("Reshape", [grown, new_dims])
+            current = _reshape(b, grown, new_dims)
 
 
 # -- ConcatTraining and SplitTraining --------------------------------------------------------------

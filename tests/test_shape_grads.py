@@ -460,19 +460,57 @@ def test_lowering_matches_float64(case, target, opset):
         assert ("Split" in ops) == (target == "onnxruntime" and opset >= 13)
 
 
+def _run_openvino(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
+    """OpenVINO, ports matched by any of their names (a no-op Reshape of an input or before an output gives
+    its port that value's name too), bf16 handed over as its bits."""
+    import openvino as ov
+
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(model=model.SerializeToString(), weights=b""), "CPU",
+                                  {"INFERENCE_PRECISION_HINT": "f32"})
+    request = compiled.create_infer_request()
+    for port in compiled.inputs:
+        value = np.asarray(feeds[next(v.name for v in model.graph.input if v.name in port.get_names())])
+        if value.dtype == ml_dtypes.bfloat16:
+            tensor = ov.Tensor(ov.Type.bf16, value.shape)
+            tensor.data.view(np.uint16)[...] = value.view(np.uint16)
+        else:
+            tensor = ov.Tensor(np.array(value.view(np.int64) if value.dtype == np.int64 else value, order="C"))
+        request.set_tensor(port, tensor)
+    request.infer()
+    out = {}
+    for output in model.graph.output:
+        port = next(p for p in compiled.outputs if output.name in p.get_names())
+        tensor = request.get_tensor(port)
+        data = np.array(tensor.data)
+        out[output.name] = data.view(np.uint16).view(ml_dtypes.bfloat16) if tensor.element_type == ov.Type.bf16 \
+            else data
+    return out
+
+
+# tract 0.23 wants every Reshape's shape known when it loads the model: GatherGrad's and SliceGrad's come from
+# their shape input, a graph input here (below: from a Shape node, which it folds); and it fails on a Slice whose
+# bounds are run-time values (SplitTraining's)
+TRACT_REFUSALS = {"gg_": "shape input is variable", "sg_": "shape input is variable", "st_": "SymbolScope"}
+
+
 @pytest.mark.parametrize("runtime", ["openvino", "tract", "reference"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_portable_forms_run_in_other_runtimes(case, runtime, tmp_path):
     model, feeds, want, elem = CASES[case][0](17)
     lowered, _ = _lowered(model, "portable")
     refusal = _refusal(runtime, elem)
+    if refusal is None and runtime == "tract":
+        refusal = TRACT_REFUSALS.get(case[:3])
     if refusal is not None:
         with pytest.raises(Exception, match=refusal):
             run_in(runtime, lowered, feeds, tmp_path)
         return
-    got = run_in(runtime, lowered, feeds, tmp_path)
+    got = _run_openvino(lowered, feeds) if runtime == "openvino" else run_in(runtime, lowered, feeds, tmp_path)
+    # OpenVINO's CPU plugin has no f64 kernels: it runs an f64 graph in f32 (f64 in and out)
+    precision = F32 if runtime == "openvino" and elem == F64 else elem
     for name, value in want.items():
-        close(got[name], value, elem if np.asarray(value).dtype.kind == "f" else I64, f"{runtime} {name}")
+        close(got[name], value, precision if np.asarray(value).dtype.kind == "f" else I64, f"{runtime} {name}")
 
 
 def test_gather_grad_symbolic_dims_and_runtime_shape():

@@ -76,6 +76,12 @@ def _piece(b: NodeBuilder, e: Emitter, vector: str, start, end) -> str:
     return b.op1("Slice", [vector, starts, ends, e.ints([0], "axes")])
 
 
+def _entry(b: NodeBuilder, e: Emitter, vector: str, at) -> str:
+    """``vector[at]`` as a [1] tensor; ``at`` an int or a [1] tensor (then a Gather: a Slice with run-time
+    bounds has a length OpenVINO and tract cannot prove to be 1)."""
+    return _piece(b, e, vector, at, at + 1) if isinstance(at, int) else b.op1("Gather", [vector, at], axis=0)
+
+
 def _product(b: NodeBuilder, e: Emitter, vector: str) -> str:
     """The product of a 1-D int64 tensor's entries as a [1] tensor (1 when it is empty)."""
     return b.op1("ReduceProd", [b.op1("Concat", [e.ints([1], "one"), vector], axis=0)], keepdims=1)
@@ -107,8 +113,7 @@ def _scatter_rows(b: NodeBuilder, e: Emitter, view: str, positions: str, outer: 
 
 def _one_hot_rows(b: NodeBuilder, e: Emitter, view: str, positions: str, size: str) -> str:
     """The same by a one-hot [D, n] matrix times the [P, n, R] view (positions out of range drop out)."""
-    classes = b.op1("Range", [e.ints(0, "zero"), b.op1("Reshape", [size, e.ints([], "scalar_shape")]),
-                              e.ints(1, "one_step")])
+    classes = b.op1("Range", [e.ints(0, "zero"), e.reduce("ReduceSum", size, (0,), keepdims=0), e.ints(1, "one_step")])
     onehot = b.op1("Equal", [_unsqueeze(b, e, classes, [1]), _unsqueeze(b, e, positions, [0])])
     return b.op1("MatMul", [b.op1("Cast", [onehot], to=e.ct), view])
 
@@ -212,6 +217,7 @@ def lower_slice_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         axes = b.op1("Where", [b.op1("Less", [axes, e.ints(0, "zero")]), b.op1("Add", [axes, b.op1("Shape", [shape])]),
                                axes])
     current = e.up(request.input("dY"), io)
+    rank = _rank(request, "dY") if _rank(request, "dY") is not None else _static_length(request, "shape")
     if count == 0:
         e.finish("Identity", [current], out, io)
         return
@@ -222,7 +228,7 @@ def lower_slice_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         dims = b.op1("Shape", [current])
         outer = e.ints([1], "one") if axis == 0 else _product(b, e, _piece(b, e, dims, 0, axis))
         inner = _product(b, e, _piece(b, e, dims, after, INT64_MAX))
-        size, length = _piece(b, e, shape, axis, after), _piece(b, e, dims, axis, after)
+        size, length = _entry(b, e, shape, axis), _entry(b, e, dims, axis)
         step = e.ints([1], "one") if steps is None else _piece(b, e, steps, j, j + 1)
         start = _piece(b, e, starts, j, j + 1)
         start = b.op1("Where", [b.op1("Less", [start, e.ints(0, "zero")]), b.op1("Add", [start, size]), start])
@@ -230,7 +236,8 @@ def lower_slice_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         highest = size if steps is None else b.op1("Where", [b.op1("Greater", [step, e.ints(0, "zero")]), size,
                                                              b.op1("Sub", [size, e.ints([1], "one")])])
         start = b.op1("Min", [b.op1("Max", [start, e.ints([0], "zero_1d")]), highest])
-        taken = b.op1("Range", [e.ints(0, "zero"), b.op1("Reshape", [length, e.ints([], "scalar_shape")]),
+        # the length as a scalar by a ReduceSum (a Reshape to [] needs a length tract can prove to be 1)
+        taken = b.op1("Range", [e.ints(0, "zero"), e.reduce("ReduceSum", length, (0,), keepdims=0),
                                 e.ints(1, "one_step")])
         positions = b.op1("Add", [start, b.op1("Mul", [taken, step])])
         view = _reshape(b, current, b.op1("Concat", [outer, length, inner], axis=0))
@@ -240,6 +247,10 @@ def lower_slice_grad(b: NodeBuilder, request: LoweringRequest) -> None:
             grown = _one_hot_rows(b, e, view, positions, size)
         if j == count - 1:
             e.finish("Reshape", [grown, shape], out, io)
+        elif rank is not None:  # the dims with the axis's entry replaced, of a length every runtime sees
+            at_axis = b.op1("Equal", [e.ints(list(range(rank)), "axis_ids"), axis if axes is not None else
+                                      e.ints(j, "axis_id")])
+            current = _reshape(b, grown, b.op1("Where", [at_axis, size, dims]))
         else:
             new_dims = b.op1("Concat", [_piece(b, e, dims, 0, axis), size, _piece(b, e, dims, after, INT64_MAX)],
                              axis=0)
@@ -266,7 +277,8 @@ def lower_concat_training(b: NodeBuilder, request: LoweringRequest) -> None:
         dim = None if rank is None else t.shape[axis % rank]
         known.append(dim if isinstance(dim, int) else None)
     if all(n is not None for n in known):
-        b.op1("Identity", [e.ints(known, "lengths")], lengths_out)
+        b.op("Constant", [], [lengths_out], value=helper.make_tensor(lengths_out, TensorProto.INT64, [len(known)],
+                                                                      known))
         return
     end = axis + 1 if axis != -1 else INT64_MAX  # Slice's end: axis -1 runs to the end
     pieces = [_piece(b, e, b.op1("Shape", [v]), axis, end) for v in values]

@@ -529,6 +529,26 @@ def test_gather_grad_symbolic_dims_and_runtime_shape():
               ref.gather_grad(table.shape, ids, dy), F32, target)
 
 
+@pytest.mark.parametrize("runtime", ["tract", "openvino", "reference", "onnxruntime"])
+def test_portable_forms_run_everywhere_with_shape_from_a_shape_node(runtime, tmp_path):
+    """As in the training graphs: shape is Shape(X) of a statically shaped X, starts/ends/axes initializers."""
+    table, ids, dy_gather = rand((7, 3)), np.array([[1, 6, 1], [0, -1, 6]]), rand((2, 3, 3))
+    x, dy_slice = rand((1, 8, 4)), rand((1, 5, 4))
+    nodes = [helper.make_node("Shape", ["table"], ["table_shape"]), helper.make_node("Shape", ["x"], ["x_shape"]),
+             helper.make_node("GatherGrad", ["table_shape", "ids", "dyg"], ["dtable"], domain=MS, name="gg"),
+             helper.make_node("SliceGrad", ["dys", "x_shape", "st", "en", "ax"], ["dx"], domain=MS, name="sg")]
+    constants = [onnx.numpy_helper.from_array(np.array([v]), n) for n, v in (("st", 0), ("en", 5), ("ax", 1))]
+    graph = helper.make_graph(nodes, "g", [vi("table", F32, [7, 3]), vi("ids", I64, [2, 3]), vi("dyg", F32, [2, 3, 3]),
+                                           vi("x", F32, [1, 8, 4]), vi("dys", F32, [1, 5, 4])],
+                              [vi("dtable", F32, [7, 3]), vi("dx", F32, [1, 8, 4])], initializer=constants)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    lowered, _ = _lowered(model, "portable")
+    got = run_in(runtime, lowered, {"table": table, "ids": ids, "dyg": dy_gather, "x": x, "dys": dy_slice}, tmp_path)
+    close(got["dtable"], ref.gather_grad(table.shape, ids, dy_gather), F32, "dtable")
+    close(got["dx"], ref.slice_grad(dy_slice, x.shape, [0], [5], [1]), F32, "dx")
+
+
 def test_fused_matmul_lowering_is_transpose_matmul_mul():
     model, _, _, _ = fused_matmul_case((2, 3, 4, 5), (5, 3, 4, 6), transBatchA=1, transBatchB=1, alpha=0.5)
     lowered, _ = _lowered(model, "onnxruntime")

@@ -25,10 +25,13 @@ from test_portable_training import _refusal
 from test_portable_training import _run as run_in
 from test_training_grads_recorded import assert_matches_recorded, load_case
 
+from lowering.cli import main
 from lowering.passes import lower_model
 from lowering.rules import PORTABLE_OPS, TARGETS, rule_targets
+from opdef import load_schemas
 from opdef.errors import LoweringError, VerificationError
 from opdef.node import TensorType
+from opdef.onnx_defs import register_onnx_schemas
 from opdef.parse import parse_spec
 from opdef.verify import infer_node
 from runtime import reference_shape as ref
@@ -580,6 +583,41 @@ def test_gather_grad_negative_axis_needs_the_rank():
                            [("dx", F32, None)])
     with pytest.raises(LoweringError, match=r"^com.microsoft GatherGrad 'gg': axis -1 is negative"):
         lower_model(model)
+
+
+def test_cli_bad_node_is_one_line_and_writes_nothing(tmp_path, capsys):
+    model = one_node_model(_st(3, axis=1), [("x", F32, [2, 6]), ("split", I64, [2])],
+                           [(f"y{i}", F32, None) for i in range(3)])
+    path, out = tmp_path / "model.onnx", tmp_path / "low.onnx"
+    onnx.save(model, path)
+    assert main(["lower", str(path), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"oplower lower: error: {path}: com.microsoft SplitTraining 'st': split has 2 entries; "
+                          "expected one per output (3)")
+    assert not out.exists()
+
+
+def test_cli_lower_verify_passes_on_the_family(tmp_path, capsys):
+    """``lower --verify``: the lowered graph against the model evaluator's float64 rules on random inputs."""
+    model, _, _, _ = fused_matmul_case((2, 4, 6), (5, 6), transB=1, alpha=0.125)
+    path, out = tmp_path / "model.onnx", tmp_path / "low.onnx"
+    onnx.save(model, path)
+    assert main(["lower", str(path), "-o", str(out), "--verify"]) == 0, capsys.readouterr().err
+    assert out.exists()
+
+
+@pytest.mark.parametrize("case", recorded_cases(*OPS), ids=lambda c: f"{c['op_type']}-{c['variant']}")
+def test_onnx_checker_and_infer_shapes_know_the_unlowered_ops(case):
+    model, _, recorded = load_case(case)
+    register_onnx_schemas(load_schemas())
+    onnx.checker.check_model(model, full_check=True)
+    del model.graph.output[:]  # outputs left to inference
+    model.graph.output.extend(helper.make_value_info(name, onnx.TypeProto()) for name in recorded)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    types = {v.name: v.type.tensor_type for v in (*inferred.graph.value_info, *inferred.graph.output)}
+    for name, value in recorded.items():
+        assert types[name].elem_type == helper.np_dtype_to_tensor_dtype(value.dtype), name
 
 
 # -- the references against finite differences and each other -------------------------------------------

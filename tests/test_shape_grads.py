@@ -20,6 +20,8 @@ import numpy as np
 import onnx
 import pytest
 from _recorded import recorded_cases
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from test_portable_training import _refusal
 from test_portable_training import _run as run_in
@@ -514,6 +516,22 @@ def test_portable_forms_run_in_other_runtimes(case, runtime, tmp_path):
     precision = F32 if runtime == "openvino" and elem == F64 else elem
     for name, value in want.items():
         close(got[name], value, precision if np.asarray(value).dtype.kind == "f" else I64, f"{runtime} {name}")
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_slice_grad_lowering_over_random_bounds(data):
+    """Random starts, ends and steps (negative, out of range, empty), both targets, against the reference."""
+    shape = tuple(data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=3), label="shape"))
+    axes = data.draw(st.permutations(range(len(shape))), label="axes")[:data.draw(st.integers(1, len(shape)))]
+    bound = st.integers(-8, 8) | st.sampled_from([-(2**62), 2**62])
+    starts = [data.draw(bound, label="start") for _ in axes]
+    ends = [data.draw(bound, label="end") for _ in axes]
+    steps = [data.draw(st.integers(-3, 3).filter(bool), label="step") for _ in axes]
+    negative_axes = [a - len(shape) if data.draw(st.booleans()) else a for a in axes]
+    model, feeds, want, elem = slice_grad_case(shape, starts, ends, negative_axes, steps)
+    for target in TARGETS:
+        _check_case(model, feeds, want, elem, target)
 
 
 def test_gather_grad_symbolic_dims_and_runtime_shape():

@@ -570,6 +570,47 @@ def test_portable_forms_run_everywhere_with_shape_from_a_shape_node(runtime, tmp
     close(got["dx"], ref.slice_grad(dy_slice, x.shape, [0], [5], [1]), F32, "dx")
 
 
+@pytest.mark.parametrize("axis", [1, -1])
+def test_concat_training_lengths_of_symbolic_inputs_come_from_their_shapes(axis):
+    xs = [rand((2, 3)), rand((2, 1))]
+    node = _ct(2, axis=axis)
+    model = one_node_model(node, [("x0", F32, ["B", "n"]), ("x1", F32, ["B", "m"])],
+                           [("y", F32, ["B", None]), ("lengths", I64, [2])])
+    for target in TARGETS:
+        lowered, ops = _lowered(model, target)
+        assert "Shape" in ops
+        got = run_model(lowered, {"x0": xs[0], "x1": xs[1]})
+        close(got["y"], np.concatenate(xs, axis), F32, "y")
+        assert got["lengths"].tolist() == [3, 1]
+
+
+def test_nodes_sharing_a_signature_each_get_their_own_values():
+    """The pass replays a rule's nodes for later nodes of the same signature: each keeps its own inputs."""
+    xs = [rand((2, n)) for n in (3, 1, 2, 2)]
+    nodes = [helper.make_node("ConcatTraining", ["x0", "x1"], ["c0", "l0"], domain=MS, name="ct0", axis=1),
+             helper.make_node("ConcatTraining", ["x2", "x3"], ["c1", "l1"], domain=MS, name="ct1", axis=1),
+             helper.make_node("SplitTraining", ["c0", "l0"], ["s0", "s1"], domain=MS, name="st0", axis=1),
+             helper.make_node("SplitTraining", ["c1", "l1"], ["s2", "s3"], domain=MS, name="st1", axis=1),
+             helper.make_node("GatherGrad", ["shape", "i0", "s0"], ["g0"], domain=MS, name="gg0", axis=1),
+             helper.make_node("GatherGrad", ["shape", "i1", "s3"], ["g1"], domain=MS, name="gg1", axis=1)]
+    inputs = [vi(f"x{i}", F32, list(x.shape)) for i, x in enumerate(xs)] + [
+        vi("shape", I64, [2]), vi("i0", I64, [3]), vi("i1", I64, [2])]
+    outputs = [vi("c0", F32, [2, 4]), vi("c1", F32, [2, 4]), vi("s1", F32, [2, 1]), vi("s2", F32, [2, 2]),
+               vi("g0", F32, [2, 5]), vi("g1", F32, [2, 5])]
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    feeds = {f"x{i}": x for i, x in enumerate(xs)} | {"shape": np.array([2, 5]), "i0": np.array([4, 4, -5]),
+                                                     "i1": np.array([1, 3])}
+    shape = np.array([2, 5])
+    want = {"c0": np.concatenate(xs[:2], 1), "c1": np.concatenate(xs[2:], 1), "s1": xs[1], "s2": xs[2],
+            "g0": ref.gather_grad(shape, feeds["i0"], xs[0], 1), "g1": ref.gather_grad(shape, feeds["i1"], xs[3], 1)}
+    for target in TARGETS:
+        got = run_model(_lowered(model, target)[0], feeds)
+        for name, value in want.items():
+            close(got[name], value, F32, f"{target} {name}")
+
+
 def test_fused_matmul_lowering_is_transpose_matmul_mul():
     model, _, _, _ = fused_matmul_case((2, 3, 4, 5), (5, 3, 4, 6), transBatchA=1, transBatchB=1, alpha=0.5)
     lowered, _ = _lowered(model, "onnxruntime")

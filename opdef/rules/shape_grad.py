@@ -146,7 +146,8 @@ def slice_grad(ctx: NodeContext) -> RuleResult:
     if rank is not None and dy is not None and rank != len(dy):
         raise ctx.error(f"shape has {rank} entries; expected {len(dy)}, the rank of dY {format_shape(dy)}",
                         ctx.constraint_label(["shape", "dY"]))
-    rank = rank if rank is not None else None if dy is None else len(dy)
+    if rank is None and dy is not None:
+        rank = len(dy)
     label = ctx.constraint_label(["starts", "ends", "axes", "steps"])
     lengths = {name: _vector_length(ctx, name, label) for name in ("starts", "ends", "axes", "steps")
                if ctx.has_input(name)}

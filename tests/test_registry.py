@@ -30,6 +30,16 @@ BUNDLED = {
     ("com.microsoft", "InPlaceAccumulatorV2"): "onednn",
     ("com.microsoft", "AdamWOptimizer"): "onednn",
     ("com.microsoft", "SGDOptimizerV2"): "onednn",
+    ("com.microsoft", "DropoutGrad"): "onednn",
+    ("com.microsoft", "TanhGrad"): "onednn",
+    ("com.microsoft", "LeakyReluGrad"): "onednn",
+    ("com.microsoft", "QuickGelu"): "onednn",
+    ("com.microsoft", "QuickGeluGrad"): "onednn",
+    ("com.microsoft", "BiasGelu"): "onednn",
+    ("com.microsoft", "BiasGeluGrad_dX"): "onednn",
+    ("com.microsoft", "GeluGrad"): "onednn",
+    ("com.microsoft", "FastGeluGrad"): "onednn",
+    ("com.microsoft", "BiasFastGeluGrad_dX"): "onednn",
 }
 
 

@@ -435,6 +435,8 @@ def family(name: str) -> None:
     """Record one op family: ``cases_<name>.py``'s ``make(rng)`` with its own ``SEED``; index cases_<name>.json."""
     global _cases, RNG
     sys.path.insert(0, str(HERE))
+    # the family module's ``import make_fixtures`` must get this module, not a second copy with its own _cases
+    sys.modules.setdefault("make_fixtures", sys.modules[__name__])
     module = __import__(f"cases_{name}")
     _cases = []
     RNG = np.random.default_rng(module.SEED)  # ``rand`` draws from it too

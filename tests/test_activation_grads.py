@@ -19,6 +19,8 @@ import numpy as np
 import onnx
 import pytest
 from _recorded import recorded_cases
+from hypothesis import given
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from test_portable_training import _run as run_in
 from test_training_grads_recorded import assert_matches_recorded, load_case
@@ -256,6 +258,28 @@ def test_inference_gives_the_output_type_and_shape():
     assert inference.output_types == (TensorType(F16, (4, 8)),)
 
 
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), bias=st.integers(1, 6),
+       op_type=st.sampled_from(["BiasGelu", "BiasGeluGrad_dX", "BiasFastGeluGrad_dX"]))
+def test_bias_rule_accepts_exactly_the_last_dimension(shape, bias, op_type):
+    names = ["x", "b"] if op_type == "BiasGelu" else ["dy", "x", "b"]
+    node = helper.make_node(op_type, names, ["out"], domain=MS, name="p")
+    types = {n: TensorType(F32, tuple(shape)) for n in names} | {"b": TensorType(F32, (bias,))}
+    if bias == shape[-1]:
+        assert infer_node(node, types).output_types == (TensorType(F32, tuple(shape)),)
+    else:
+        with pytest.raises(VerificationError, match=r"B has shape \[\d\]; expected \["):
+            infer_node(node, types)
+
+
+@given(shape=st.lists(st.integers(1, 4), min_size=0, max_size=3), symbolic=st.integers(0, 3))
+def test_dropout_grad_merges_symbolic_dims(shape, symbolic):
+    """A symbol in dy's shape takes mask's size (the output is the more specific shape)."""
+    dy_shape = tuple("S" if i == symbolic else d for i, d in enumerate(shape))
+    node = helper.make_node("DropoutGrad", ["dy", "m"], ["dx"], domain=MS, name="p")
+    inference = infer_node(node, {"dy": TensorType(F16, dy_shape), "m": TensorType(BOOL, tuple(shape))})
+    assert inference.output_types == (TensorType(F16, tuple(shape)),)
+
+
 # -- lowering against the float64 reference ----------------------------------------------------------------
 
 ELEMENT_CASES = [(op, elem, opset) for op in OPS if op != "DropoutGrad"
@@ -446,3 +470,79 @@ def test_lowering_matches_onnxruntime_training(case, target):
             next(iter(recorded.values())).dtype != np.float16:
         for name, want in recorded.items():  # the kernels' own order of operations: the same bits
             np.testing.assert_array_equal(got[name], want)
+
+
+# -- a graph of the family: symbolic batch, the CLI's --verify, a bad node -----------------------------------
+
+def _chain_model(bias_size=6):
+    """The backward of Linear -> BiasGelu -> Dropout -> QuickGelu -> Tanh -> LeakyRelu as onnxruntime-training's
+    ops would chain it (forward values are graph inputs), batch dimension symbolic."""
+    nodes = [
+        helper.make_node("BiasGelu", ["a", "b"], ["h"], domain=MS, name="fwd_gelu"),
+        helper.make_node("QuickGelu", ["h"], ["q"], domain=MS, name="fwd_silu", alpha=1.0),
+        helper.make_node("LeakyReluGrad", ["dz", "z"], ["dt"], domain=MS, name="leaky_grad", alpha=0.1),
+        helper.make_node("TanhGrad", ["dt", "t"], ["dq"], domain=MS, name="tanh_grad"),
+        helper.make_node("QuickGeluGrad", ["dq", "h"], ["dd"], domain=MS, name="silu_grad", alpha=1.0),
+        helper.make_node("DropoutGrad", ["dd", "mask", "ratio", "mode"], ["dh"], domain=MS, name="dropout_grad"),
+        helper.make_node("BiasGeluGrad_dX", ["dh", "a", "b"], ["da"], domain=MS, name="gelu_grad"),
+        helper.make_node("BiasFastGeluGrad_dX", ["dh", "a", "b"], ["da_fast"], domain=MS, name="fast_gelu_grad"),
+    ]
+    shape = ["N", 6]
+    inputs = [vi("a", F32, shape), vi("b", F32, [bias_size]), vi("dz", F32, shape), vi("z", F32, shape),
+              vi("t", F32, shape), vi("mask", BOOL, shape), vi("ratio", F32, []), vi("mode", BOOL, [])]
+    outputs = [vi(n, F32, shape) for n in ("q", "da", "da_fast")]
+    graph = helper.make_graph(nodes, "chain", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    return model
+
+
+def _chain_feeds(batch, seed=8):
+    rng = np.random.default_rng(seed)
+    f = {n: rng.standard_normal((batch, 6)).astype(np.float32) for n in ("a", "dz", "z")}
+    f["t"] = np.tanh(rng.standard_normal((batch, 6))).astype(np.float32)
+    f["b"] = rng.standard_normal(6).astype(np.float32)
+    f["mask"], f["ratio"], f["mode"] = rng.random((batch, 6)) >= 0.2, np.array(0.2, np.float32), np.array(True)
+    return f
+
+
+def _chain_expected(f):
+    h = ref.bias_gelu(f["a"], f["b"])
+    dh = ref.dropout_grad(ref.quick_gelu_grad(ref.tanh_grad(ref.leaky_relu_grad(f["dz"], f["z"], 0.1), f["t"]), h, 1.0),
+                          f["mask"], f["ratio"])
+    return {"q": ref.quick_gelu(h, 1.0), "da": ref.bias_gelu_grad(dh, f["a"], f["b"]),
+            "da_fast": ref.bias_fast_gelu_grad(dh, f["a"], f["b"])}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_chain_with_symbolic_batch(target):
+    lowered = _lowered(_chain_model(), target)
+    for batch in (1, 5):
+        feeds = _chain_feeds(batch)
+        got = run_in("onnxruntime", lowered, feeds, None)
+        for name, want in _chain_expected(feeds).items():
+            # f32 all along the chain against float64: rounding of the intermediate values accumulates
+            assert float(np.max(np.abs(got[name] - want))) <= 1e-5 * float(np.max(np.abs(want))), name
+
+
+def test_cli_lower_verify_on_the_chain(tmp_path, capsys):
+    from lowering.cli import main  # noqa: PLC0415
+
+    model = tmp_path / "chain.onnx"
+    onnx.save(_chain_model(), model)
+    assert main(["lower", str(model), "-o", str(tmp_path / "out.onnx"), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "lowered" in out and out.count("PASS") == 3 and "FAIL" not in out
+
+
+def test_cli_refuses_a_bad_bias(tmp_path, capsys):
+    from lowering.cli import main  # noqa: PLC0415
+
+    model = tmp_path / "chain.onnx"
+    onnx.save(_chain_model(bias_size=5), model)
+    before = model.read_bytes()
+    assert main(["lower", str(model), "-o", str(tmp_path / "out.onnx")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err and str(model) in err
+    assert "'fwd_gelu'" in err and "B has shape [5]; expected [6]" in err
+    assert not (tmp_path / "out.onnx").exists() and model.read_bytes() == before

@@ -546,3 +546,16 @@ def test_cli_refuses_a_bad_bias(tmp_path, capsys):
     assert "\n" not in err and "Traceback" not in err and str(model) in err
     assert "'fwd_gelu'" in err and "B has shape [5]; expected [6]" in err
     assert not (tmp_path / "out.onnx").exists() and model.read_bytes() == before
+
+
+def test_recorded_agreement_tool():
+    """tools/ort_training/recorded_agreement.py (the numbers docs quote) on the cases it must find exact."""
+    import sys  # noqa: PLC0415
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "ort_training"))
+    from recorded_agreement import agreement  # noqa: PLC0415
+
+    table = agreement(["DropoutGrad", "GeluGrad"], "portable")
+    assert table[("DropoutGrad", "float32")] == (0.0, 7, 7)
+    worst, _, count = table[("GeluGrad", "float32")]
+    assert count == 2 and 0 < worst <= 1e-6

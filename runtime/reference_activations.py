@@ -1,5 +1,5 @@
 """Float64 NumPy references of onnxruntime-training's activation family (TanhGrad, LeakyReluGrad, QuickGelu,
-QuickGeluGrad, GeluGrad, FastGeluGrad, BiasGelu, BiasGeluGrad_dX, BiasFastGeluGrad_dX, DropoutGrad) and of
+QuickGeluGrad, GeluGrad, FastGeluGrad, Gelu, BiasGelu, BiasGeluGrad_dX, BiasFastGeluGrad_dX, DropoutGrad) and of
 the forward activations they differentiate (for finite-difference tests).
 
 Written from the math of each spec document (``specs/com.microsoft/``), not from the lowering: every input

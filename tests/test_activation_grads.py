@@ -41,10 +41,10 @@ F32, F16, BF16, F64, BOOL = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto
 NP = {F32: np.float32, F16: np.float16, BF16: ml_dtypes.bfloat16, F64: np.float64, BOOL: np.bool_}
 TOL = {F32: 2e-6, F16: 2e-3, BF16: 1.6e-2, F64: 1e-12}  # of the output's largest magnitude
 OPS = ("DropoutGrad", "TanhGrad", "LeakyReluGrad", "QuickGelu", "QuickGeluGrad", "GeluGrad", "FastGeluGrad",
-       "BiasGelu", "BiasGeluGrad_dX", "BiasFastGeluGrad_dX")
+       "Gelu", "BiasGelu", "BiasGeluGrad_dX", "BiasFastGeluGrad_dX")
 RULES = ("dropout_grad", "tanh_grad", "leaky_relu_grad", "quick_gelu", "quick_gelu_grad", "gelu_grad",
-         "fast_gelu_grad", "bias_gelu", "bias_gelu_grad", "bias_fast_gelu_grad")
-ERF_OPS = ("GeluGrad", "BiasGelu", "BiasGeluGrad_dX")  # no f64: onnxruntime has no f64 Erf
+         "fast_gelu_grad", "gelu", "bias_gelu", "bias_gelu_grad", "bias_fast_gelu_grad")
+ERF_OPS = ("GeluGrad", "Gelu", "BiasGelu", "BiasGeluGrad_dX")  # no f64: onnxruntime has no f64 Erf
 vi = helper.make_tensor_value_info
 
 
@@ -89,6 +89,8 @@ def _case(op_type, elem=F32, opset=17, shape=(3, 4, 6), seed=0, **attrs):
     elif op_type in ("GeluGrad", "FastGeluGrad"):
         fn = ref.gelu_grad if op_type == "GeluGrad" else ref.fast_gelu_grad
         feeds, want = {"dy": dy, "x": x}, fn(f64(dy), f64(x))
+    elif op_type == "Gelu":
+        feeds, want = {"x": x}, ref.gelu(f64(x))
     elif op_type == "BiasGelu":
         b = draw(shape[-1])
         feeds, want = {"x": x, "b": b}, ref.bias_gelu(f64(x), f64(b))
@@ -146,6 +148,7 @@ SCHEMAS = {  # op: (inputs with optionality, outputs, {attribute: default}, elem
     "QuickGeluGrad": ([("dY", False), ("X", False)], ["dX"], {"alpha": 1.702}, {"f32", "f16", "bf16", "f64"}),
     "GeluGrad": ([("dY", False), ("X", False)], ["dX"], {}, {"f32", "f16", "bf16"}),
     "FastGeluGrad": ([("dY", False), ("X", False)], ["dX"], {}, {"f32", "f16", "bf16", "f64"}),
+    "Gelu": ([("X", False)], ["Y"], {}, {"f32", "f16", "bf16"}),
     "BiasGelu": ([("A", False), ("B", False)], ["C"], {}, {"f32", "f16", "bf16"}),
     "BiasGeluGrad_dX": ([("dY", False), ("X", False), ("B", False)], ["dX"], {}, {"f32", "f16", "bf16"}),
     "BiasFastGeluGrad_dX": ([("dY", False), ("X", False), ("B", False)], ["dX"], {}, {"f32", "f16", "bf16", "f64"}),
@@ -475,11 +478,12 @@ def test_lowering_matches_onnxruntime_training(case, target):
 # -- a graph of the family: symbolic batch, the CLI's --verify, a bad node -----------------------------------
 
 def _chain_model(bias_size=6):
-    """The backward of Linear -> BiasGelu -> Dropout -> QuickGelu -> Tanh -> LeakyRelu as onnxruntime-training's
-    ops would chain it (forward values are graph inputs), batch dimension symbolic."""
+    """Gelu, and the backward of Linear -> BiasGelu -> Dropout -> QuickGelu -> Tanh -> LeakyRelu as
+    onnxruntime-training's ops would chain it (forward values are graph inputs), batch dimension symbolic."""
     nodes = [
         helper.make_node("BiasGelu", ["a", "b"], ["h"], domain=MS, name="fwd_gelu"),
         helper.make_node("QuickGelu", ["h"], ["q"], domain=MS, name="fwd_silu", alpha=1.0),
+        helper.make_node("Gelu", ["a"], ["g"], domain=MS, name="fwd_plain_gelu"),
         helper.make_node("LeakyReluGrad", ["dz", "z"], ["dt"], domain=MS, name="leaky_grad", alpha=0.1),
         helper.make_node("TanhGrad", ["dt", "t"], ["dq"], domain=MS, name="tanh_grad"),
         helper.make_node("QuickGeluGrad", ["dq", "h"], ["dd"], domain=MS, name="silu_grad", alpha=1.0),
@@ -490,7 +494,7 @@ def _chain_model(bias_size=6):
     shape = ["N", 6]
     inputs = [vi("a", F32, shape), vi("b", F32, [bias_size]), vi("dz", F32, shape), vi("z", F32, shape),
               vi("t", F32, shape), vi("mask", BOOL, shape), vi("ratio", F32, []), vi("mode", BOOL, [])]
-    outputs = [vi(n, F32, shape) for n in ("q", "da", "da_fast")]
+    outputs = [vi(n, F32, shape) for n in ("q", "g", "da", "da_fast")]
     graph = helper.make_graph(nodes, "chain", inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
     model.ir_version = 8
@@ -510,7 +514,7 @@ def _chain_expected(f):
     h = ref.bias_gelu(f["a"], f["b"])
     dh = ref.dropout_grad(ref.quick_gelu_grad(ref.tanh_grad(ref.leaky_relu_grad(f["dz"], f["z"], 0.1), f["t"]), h, 1.0),
                           f["mask"], f["ratio"])
-    return {"q": ref.quick_gelu(h, 1.0), "da": ref.bias_gelu_grad(dh, f["a"], f["b"]),
+    return {"q": ref.quick_gelu(h, 1.0), "g": ref.gelu(f["a"]), "da": ref.bias_gelu_grad(dh, f["a"], f["b"]),
             "da_fast": ref.bias_fast_gelu_grad(dh, f["a"], f["b"])}
 
 
@@ -532,7 +536,7 @@ def test_cli_lower_verify_on_the_chain(tmp_path, capsys):
     onnx.save(_chain_model(), model)
     assert main(["lower", str(model), "-o", str(tmp_path / "out.onnx"), "--verify"]) == 0
     out = capsys.readouterr().out
-    assert "lowered" in out and out.count("PASS") == 3 and "FAIL" not in out
+    assert "lowered" in out and out.count("PASS") == 4 and "FAIL" not in out
 
 
 def test_cli_refuses_a_bad_bias(tmp_path, capsys):

@@ -40,6 +40,7 @@ BUNDLED = {
     ("com.microsoft", "GeluGrad"): "onednn",
     ("com.microsoft", "FastGeluGrad"): "onednn",
     ("com.microsoft", "BiasFastGeluGrad_dX"): "onednn",
+    ("com.microsoft", "Gelu"): "onednn",
 }
 
 

@@ -1,5 +1,6 @@
 """Lowering of onnxruntime-training's activation family (``specs/com.microsoft/``): TanhGrad, LeakyReluGrad,
-QuickGelu, QuickGeluGrad, GeluGrad, FastGeluGrad, BiasGelu, BiasGeluGrad_dX, BiasFastGeluGrad_dX, DropoutGrad.
+QuickGelu, QuickGeluGrad, GeluGrad, FastGeluGrad, Gelu, BiasGelu, BiasGeluGrad_dX, BiasFastGeluGrad_dX,
+DropoutGrad.
 
 Every form is elementwise arithmetic plus Erf, Tanh, Sigmoid, Where (lowering.rules.PORTABLE_OPS), so one form
 serves both targets. f16/bf16 are cast up to f32 once and rounded once; f64 computes in f64. The f32 forms
@@ -14,8 +15,8 @@ uses the same primitives (Sigmoid, Tanh, Erf, Exp) the results agree to the last
   QuickGeluGrad: ``(dY * s) * (1 + (alpha*X) * (1 - s))`` with ``s = Sigmoid(alpha*X)``.
 - GeluGrad: ``dY * (0.5*(Erf(X*sqrt(1/2)) + 1) + (X*k) * Exp((-0.5*X)*X))``, ``k = 1/sqrt(2 pi)``;
   FastGeluGrad: the kernel's ``0.5*(t + (1 - t*t)*(a*X + b*X^3) + 1)`` with ``t = Tanh(a*X + (a*g)*X^3)``.
-- BiasGelu: ``x * 0.5 * (1 + Erf(x / sqrt 2))`` of ``x = A + B`` (the exported GELU pattern onnxruntime's
-  optimizer fuses back into BiasGelu); the biased gradients: their plain form at ``X + B``.
+- Gelu, BiasGelu: ``x * 0.5 * (1 + Erf(x / sqrt 2))`` of ``x = X``, ``x = A + B`` (the exported GELU pattern
+  onnxruntime's optimizer fuses back into Gelu/BiasGelu); the biased gradients: their plain form at ``X + B``.
 - DropoutGrad: ``dy / Where(keep, 1 - ratio, +inf)``: a dropped element divides to a signed zero exactly as
   the kernel's ``mask * dy / (1 - ratio)`` does (also NaN for an infinite dy), a kept one is the kernel's own
   quotient, and Where again picks between scalars; ``keep = mask or ratio == 0``. ``1 - ratio`` is formed
@@ -169,15 +170,25 @@ def lower_bias_fast_gelu_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     lower_fast_gelu_grad(b, request)
 
 
+def _gelu(f: _Form, x: str, out: str) -> None:
+    cdf2 = f.add(f.b.op1("Erf", [f.b.op1("Div", [x, f.c(math.sqrt(2.0))])]), f.c(1.0))
+    f.finish("Mul", [f.mul(x, f.c(0.5)), cdf2], out, f.io)
+
+
 @register_rule("bias_gelu", targets=TARGETS)
 def lower_bias_gelu(b: NodeBuilder, request: LoweringRequest) -> None:
     out = request.output("C")
-    if out is None:
-        return
-    f = _Form(b, request, "A")
-    x = f.add(f.value("A"), f.value("B"))
-    cdf2 = f.add(b.op1("Erf", [b.op1("Div", [x, f.c(math.sqrt(2.0))])]), f.c(1.0))
-    f.finish("Mul", [f.mul(x, f.c(0.5)), cdf2], out, f.io)
+    if out is not None:
+        f = _Form(b, request, "A")
+        _gelu(f, f.add(f.value("A"), f.value("B")), out)
+
+
+@register_rule("gelu", targets=TARGETS)
+def lower_gelu(b: NodeBuilder, request: LoweringRequest) -> None:
+    out = request.output("Y")
+    if out is not None:
+        f = _Form(b, request, "X")
+        _gelu(f, f.value("X"), out)
 
 
 @register_rule("dropout_grad", targets=TARGETS)

@@ -1,7 +1,7 @@
 """onnxruntime-training's activation family: the elementwise gradients ``TanhGrad``, ``LeakyReluGrad``,
 ``QuickGeluGrad``, ``GeluGrad``, ``FastGeluGrad``, ``DropoutGrad``, the biased ones ``BiasGeluGrad_dX`` and
-``BiasFastGeluGrad_dX``, and the forward ops its rewrites put into training graphs, ``QuickGelu`` and
-``BiasGelu``. Shapes and attributes only: the generic checks did the element types.
+``BiasFastGeluGrad_dX``, and the forward ops its rewrites put into training graphs, ``QuickGelu``, ``Gelu``
+and ``BiasGelu``. Shapes and attributes only: the generic checks did the element types.
 
 Constraint labels are the spec's own (``specs/com.microsoft/<Op>.rst``), found through the argument names a
 note mentions.
@@ -53,13 +53,20 @@ register_rule("gelu_grad")(_pair("dY", "X", "dX"))
 register_rule("fast_gelu_grad")(_pair("dY", "X", "dX"))
 
 
-@register_rule("quick_gelu")
-def quick_gelu(ctx: NodeContext) -> RuleResult:
-    _finite_alpha(ctx)
+def _unary(ctx: NodeContext) -> RuleResult:
     t = ctx.input_type("X")
     shape = None if t is None else t.shape
     set_output(ctx, "Y", shape)
     return _result(ctx, shape)
+
+
+@register_rule("quick_gelu")
+def quick_gelu(ctx: NodeContext) -> RuleResult:
+    _finite_alpha(ctx)
+    return _unary(ctx)
+
+
+register_rule("gelu")(_unary)
 
 
 def bias_shape_check(ctx: NodeContext, x: str) -> None:

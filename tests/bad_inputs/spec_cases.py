@@ -493,4 +493,13 @@ SPEC_CASES = [
     SpecCase('biasfastgelugrad-replace-type', 'com.microsoft/BiasFastGeluGrad_dX.rst',
              Edit('replace', 'f16          f16', 0, 'f16', 'f17'),
              1, 'expected a data type (f32, bf16, f16, s32, s8, u8 ..., seq(f'),
+    SpecCase('gelu-drop-title', 'com.microsoft/Gelu.rst',
+             Edit('drop', 'Gelu', 0),
+             13, "expected the title to be an op name, got 'Operation Attribut"),
+    SpecCase('gelu-replace-required', 'com.microsoft/Gelu.rst',
+             Edit('replace', '0     ``X``              Required', 0, 'Required', 'Requird'),
+             1, "expected 'Required' or 'Optional', got 'Requird'"),
+    SpecCase('gelu-replace-type', 'com.microsoft/Gelu.rst',
+             Edit('replace', 'f16    f16', 0, 'f16', 'f17'),
+             1, 'expected a data type (f32, bf16, f16, s32, s8, u8 ..., seq(f'),
 ]

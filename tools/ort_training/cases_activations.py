@@ -1,8 +1,9 @@
 """One-node cases of onnxruntime-training's activation family (issue 19), recorded by
 ``make_fixtures.py --family activations``: DropoutGrad with real masks (drawn here, fed as the mask input) at
 ratios 0.1/0.5/0.7, the default ratio and ratio 0; TanhGrad, LeakyReluGrad, QuickGelu, QuickGeluGrad, GeluGrad,
-FastGeluGrad, BiasGelu, BiasGeluGrad_dX and BiasFastGeluGrad_dX in f32 and f16 (the kernels are f32; onnxruntime
-runs f16 nodes through casts), f64 where onnxruntime-training runs it. Tiny tensors (<= 120 elements).
+FastGeluGrad, Gelu, BiasGelu, BiasGeluGrad_dX and BiasFastGeluGrad_dX in f32 and f16 (the kernels are f32;
+onnxruntime runs f16 nodes through casts), f64 where onnxruntime-training runs it. Tiny tensors (<= 120
+elements). New cases go at the end: the recorded ones keep their draws.
 """
 
 from __future__ import annotations
@@ -66,3 +67,6 @@ def make(rng: np.random.Generator) -> None:
     x64 = rand(3, 7, dtype=D, scale=2.0)
     record("TanhGrad", "2d_f64", {"dY": rand(3, 7, dtype=D), "Y": np.tanh(x64)}, ["dX"])
     record("FastGeluGrad", "2d_f64", {"dY": rand(3, 7, dtype=D), "X": x64}, ["dX"])
+    # Gelu (com.microsoft): the erf GELU after a Linear's Gemm, which generate_artifacts leaves fused as Gelu
+    for dtype, suffix in ((np.float32, ""), (H, "_f16")):
+        record("Gelu", f"3d{suffix}", {"X": rand(3, 4, 5, dtype=dtype, scale=3.0)}, ["Y"])

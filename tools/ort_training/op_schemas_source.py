@@ -135,6 +135,10 @@ SCHEMAS = {
     "com.microsoft::FastGeluGrad": dict(
         since_version=1, inputs=io(("dY", "T", S), ("X", "T", S)), outputs=io(("dX", "T", S)), attributes={},
         note="tanh-approximation GELU; " + KERNEL_F32, type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::Gelu": dict(
+        since_version=1, inputs=io(("X", "T", S)), outputs=io(("Y", "T", S)), attributes={},
+        note="contrib op: erf GELU (what onnxruntime fuses torch's gelu into after a Gemm); " + KERNEL_F32,
+        type_constraints={"T": FLOATS_BF}),
     "com.microsoft::BiasGelu": dict(
         since_version=1, inputs=io(("A", "T", S), ("B", "T", S)), outputs=io(("C", "T", S)), attributes={},
         note="contrib op: erf GELU of A + B, B 1D of A's last dimension; " + KERNEL_F32,

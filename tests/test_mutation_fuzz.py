@@ -355,7 +355,8 @@ def m_pool_window(model, rng):
     return f"{node.name or node.op_type} kernel {width}"
 
 
-MUTATIONS = (m_label_range, m_pool_window, m_elem_type, m_to_sequence, m_to_optional, m_sequence_elem, m_drop_type, m_drop_value_info, m_shape,
+MUTATIONS = (m_label_range, m_pool_window,
+             m_elem_type, m_to_sequence, m_to_optional, m_sequence_elem, m_drop_type, m_drop_value_info, m_shape,
              m_attr_value, m_attr_type, m_attr_drop, m_attr_add, m_opset_version, m_opset_conflict, m_opset_drop,
              m_arity, m_swap_inputs, m_duplicate_output, m_cycle)
 

@@ -80,14 +80,14 @@ def _refused(tmp_path, model, capsys, *fragments: str) -> str:
 def test_a_sequence_or_optional_where_a_tensor_is_required_is_refused(tmp_path, capsys, kind):
     model = _case_model("ReluGrad")
     _as(_value(model, "X"), kind)
-    spelled = "seq(tensor(f32))" if kind == "sequence_type" else "optional(tensor(f32))"
-    _refused(tmp_path, model, capsys, "ReluGrad", "X is a " + spelled, "a tensor is required", "f32")
+    spelled = "a seq(tensor(f32))" if kind == "sequence_type" else "an optional(tensor(f32))"
+    _refused(tmp_path, model, capsys, "ReluGrad", "X is " + spelled, "a tensor is required", "f32")
 
 
 def test_a_sequence_where_a_tensor_flag_is_required_is_refused(tmp_path, capsys):
     model = _case_model("InPlaceAccumulatorV2")
     _as(_value(model, "overwrite_flag"), "optional_type")
-    _refused(tmp_path, model, capsys, "overwrite_flag is a optional(tensor(boolean))", "a tensor is required")
+    _refused(tmp_path, model, capsys, "overwrite_flag is an optional(tensor(boolean))", "a tensor is required")
 
 
 def test_a_sequence_declared_for_a_tensor_output_is_refused(tmp_path, capsys):
@@ -151,7 +151,8 @@ def test_an_ignore_index_an_int32_label_cannot_hold_matches_no_label(ignore_inde
     node = helper.make_node("SoftmaxCrossEntropyLossGrad", ["dY", "log_prob", "label"], ["d_logits"],
                             domain="com.microsoft", reduction="mean", ignore_index=ignore_index)
     vi = helper.make_tensor_value_info
-    graph = helper.make_graph([node], "sce", [vi("dY", TensorProto.FLOAT, []), vi("log_prob", TensorProto.FLOAT, [4, 5]),
+    graph = helper.make_graph([node], "sce", [vi("dY", TensorProto.FLOAT, []),
+                                              vi("log_prob", TensorProto.FLOAT, [4, 5]),
                                               vi("label", TensorProto.INT32, [4])],
                               [vi("d_logits", TensorProto.FLOAT, [4, 5])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),

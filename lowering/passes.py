@@ -206,7 +206,9 @@ class _Lowering:
 
     def run(self) -> tuple[onnx.ModelProto, bool]:
         model = self.model
-        modified = False
+        modified = graphs.merge_opsets(model.opset_import)
+        for function in model.functions:
+            modified |= graphs.merge_opsets(function.opset_import)
         if graphs.default_opset(model.opset_import) is None:
             model.opset_import.add(domain="", version=DEFAULT_OPSET)
             modified = True

@@ -50,7 +50,8 @@ MAX_WINDOW_OFFSETS = 1024
 
 def _fail(request: LoweringRequest, problem: str) -> LoweringError:
     i = request.inference
-    return LoweringError(f"{i.op_type} '{i.node_name}': {problem}")
+    name = i.node_name or next((o for o in i.outputs if o), "?")
+    return LoweringError(f"{i.op_type} '{name}': {problem}")
 
 
 def _geometry(request: LoweringRequest) -> tuple[list[int], tuple | None, PoolParameters]:
@@ -207,12 +208,14 @@ def _check_window(request: LoweringRequest, spatial: list[int], outputs: list[in
         ceil_size = -(-reach // strides[a]) + 1
         if (ceil_size - 1) * strides[a] >= spatial[a] + pads[a]:  # a last window starting in the end padding
             ceil_size -= 1
-        if reach < 0 or outputs[a] not in (floor_size, ceil_size):
-            dilated = f" dilation {dilations[a]}," if dilations[a] != 1 else ""
+        dilated = f" dilation {dilations[a]}," if dilations[a] != 1 else ""
+        window = f"kernel {kernel[a]},{dilated} stride {strides[a]} and pads {pads[a]}+{pads[a + k]}"
+        if reach < 0:
+            raise _fail(request, f"dY has {outputs[a]} positions on axis {a + 2}, but the window ({window}) is "
+                                 f"wider than dX's {spatial[a]} with its pads")
+        if outputs[a] not in (floor_size, ceil_size):
             raise _fail(request, f"dY has {outputs[a]} positions on axis {a + 2}; the forward output of dX's "
-                                 f"{spatial[a]} with kernel {kernel[a]},{dilated} stride {strides[a]} and pads "
-                                 f"{pads[a]}+{pads[a + k]} has {max(floor_size, 0)} (or {max(ceil_size, 0)} with "
-                                 "ceil_mode)")
+                                 f"{spatial[a]} with {window} has {floor_size} (or {ceil_size} with ceil_mode)")
 
 
 def _check_offsets(request: LoweringRequest, kernel) -> None:

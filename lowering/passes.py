@@ -392,9 +392,28 @@ class _Lowering:
         for name, t in zip(node.output, output_types, strict=False):
             if t is None or name not in wanted:
                 continue
+            if name in scope.outputs and graph is self.model.graph:
+                _complete_output(graph, name, t)
             if isinstance(graph, onnx.GraphProto) and name not in local and t.elem_type is not None:
                 graph.value_info.add(name=name).type.CopyFrom(tensor_type_to_proto(t))
             local[name] = t
+
+
+def _complete_output(graph: onnx.GraphProto, name: str, t: TensorType) -> None:
+    """A main-graph output declared without a type, element type or shape gets the inferred ones: onnx.checker
+    requires them there (and the lowered model is checked before it is written)."""
+    vi = next((o for o in graph.output if o.name == name), None)
+    if vi is None or t.container is not None or t.elem_type is None:
+        return
+    kind = vi.type.WhichOneof("value")
+    if kind is None:
+        vi.type.CopyFrom(tensor_type_to_proto(t))
+    elif kind == "tensor_type":
+        tensor = vi.type.tensor_type
+        if not tensor.elem_type:
+            tensor.elem_type = t.elem_type
+        if not tensor.HasField("shape") and t.shape is not None:
+            tensor.shape.CopyFrom(tensor_type_to_proto(t).tensor_type.shape)
 
 
 def _renamed(inference: NodeInference, names: tuple[str, ...], node: onnx.NodeProto) -> NodeInference:

@@ -266,3 +266,15 @@ def test_final_check_names_the_cost_of_a_clean_model():
         broken = lower_model(model, registry=load_schemas())
         broken.graph.node[0].op_type = "NoSuchOp"
         check_lowered(broken, model)
+
+
+def test_a_lowered_nodes_graph_output_without_a_shape_gets_the_inferred_one(tmp_path, capsys):
+    """onnx.checker requires a shape on main-graph outputs; for an output of a lowered node the pass fills in
+    what it inferred, so the final check passes instead of refusing the model."""
+    model = _case_model("ReluGrad")
+    _value(model, "dX").type.tensor_type.ClearField("shape")
+    code, _, err, written = _cli(tmp_path, model, capsys)
+    assert code == 0 and written, err
+    lowered = onnx.load(tmp_path / "lowered.onnx")
+    dims = [d.dim_value for d in _value(lowered, "dX").type.tensor_type.shape.dim]
+    assert dims == [d.dim_value for d in _value(model, "X").type.tensor_type.shape.dim]

@@ -96,10 +96,20 @@ def _check_graph_values(model: onnx.ModelProto, original: onnx.ModelProto | None
             problem = _value_problem(vi.type)
             if problem is None:
                 continue
-            if vi.name in given:
+            required = "required on the main graph's inputs and outputs"
+            if vi.name not in given:
+                raise LoweringError(f"onnx.checker refuses graph {kind} '{vi.name}' of the lowered model: {problem}")
+            if kind == "input" or _untouched_producer(vi.name, model, original):
                 raise ModelError(f"onnx.checker refuses graph {kind} '{vi.name}' of the model as given (not a node "
-                                 f"oplower lowered): {problem} (required on the main graph's inputs and outputs)")
-            raise LoweringError(f"onnx.checker refuses graph {kind} '{vi.name}' of the lowered model: {problem}")
+                                 f"oplower lowered): {problem} ({required})")
+            raise ModelError(f"onnx.checker refuses graph {kind} '{vi.name}' as the model declares it: {problem} "
+                             f"({required}), and oplower cannot infer it from the node that writes it; declare it")
+
+
+def _untouched_producer(name: str, model: onnx.ModelProto, original: onnx.ModelProto) -> bool:
+    """Whether the main-graph node writing ``name`` is the same in the model as given (not lowered)."""
+    before = next((n for n in original.graph.node if name in n.output), None)
+    return before is not None and any(n == before for n in model.graph.node if name in n.output)
 
 
 def _value_problem(tp: onnx.TypeProto) -> str | None:

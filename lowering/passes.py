@@ -403,12 +403,12 @@ def _complete_output(graph: onnx.GraphProto, name: str, t: TensorType) -> None:
     """A main-graph output declared without a type, element type or shape gets the inferred ones: onnx.checker
     requires them there (and the lowered model is checked before it is written)."""
     vi = next((o for o in graph.output if o.name == name), None)
-    if vi is None or t.container is not None or t.elem_type is None:
+    if vi is None or t.elem_type is None or t.container not in (None, "seq", "optional"):
         return
     kind = vi.type.WhichOneof("value")
     if kind is None:
         vi.type.CopyFrom(tensor_type_to_proto(t))
-    elif kind == "tensor_type":
+    elif kind == "tensor_type" and t.container is None:
         tensor = vi.type.tensor_type
         if not tensor.elem_type:
             tensor.elem_type = t.elem_type

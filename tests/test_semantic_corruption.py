@@ -278,3 +278,12 @@ def test_a_lowered_nodes_graph_output_without_a_shape_gets_the_inferred_one(tmp_
     lowered = onnx.load(tmp_path / "lowered.onnx")
     dims = [d.dim_value for d in _value(lowered, "dX").type.tensor_type.shape.dim]
     assert dims == [d.dim_value for d in _value(model, "X").type.tensor_type.shape.dim]
+
+
+def test_an_untyped_optimizer_sequence_output_gets_its_sequence_type(tmp_path, capsys):
+    model = _case_model("SGDOptimizerV2")
+    _value(model, "updated_weights").ClearField("type")
+    code, _, err, written = _cli(tmp_path, model, capsys)
+    assert code == 0 and written, err
+    declared = _value(onnx.load(tmp_path / "lowered.onnx"), "updated_weights").type
+    assert declared.sequence_type.elem_type.tensor_type.elem_type == TensorProto.FLOAT

@@ -4,11 +4,13 @@ Bases: the committed onnxruntime-training artifacts (training and optimizer mode
 dialect, and the first recorded one-node case of every training op (``tests/_recorded.py``: an op another
 family adds joins by itself). A case applies one or two mutations (element types incl. sequences and
 optionals, dropped type information, shapes, attribute values and types, dropped and added attributes,
-opset imports, input arity and order, duplicated outputs, cycles) and runs both commands in-process.
+opset imports, input arity and order, duplicated outputs, cycles) and runs ``check`` and ``lower`` (both
+targets) in-process.
 
 The contract each case asserts (issue 24): exit 0, 1 or 2; on an error exactly one line on stderr, no
 traceback and no "internal error", and no output file; on exit 0 a file that ``onnx.checker`` accepts
-(full_check) and, when no custom node is left in it, that onnxruntime loads.
+(full_check), that onnxruntime loads when no custom node is left in it, and no more than
+``MAX_NODES_PER_NODE`` nodes per custom node (no unbounded expansion).
 
 The default run takes a spread of about 30 cases; the full set (``FULL_CASES``) is behind the ``fuzz_full``
 marker, deselected by default in pyproject.toml: ``pytest -m fuzz_full tests/test_mutation_fuzz.py``.
@@ -31,6 +33,7 @@ from _recorded import FIXTURES, recorded_cases
 from onnx import AttributeProto, TensorProto, helper
 
 from lowering.cli import main
+from lowering.rules import TARGETS
 from opdef.graphs import model_nodes as all_nodes_of
 from opdef.registry import load_schemas
 from runtime.session import find_custom_nodes
@@ -403,9 +406,13 @@ def breaches(case: Case, directory: Path) -> list[str]:
     found = []
     source = directory / "model.onnx"
     source.write_bytes(case.data)
-    target = directory / "out" / "lowered.onnx"
-    target.parent.mkdir()
-    for command, argv in (("check", ["check", str(source)]), ("lower", ["lower", str(source), "-o", str(target)])):
+    commands = [("check", ["check", str(source)], None)]
+    for target_name in TARGETS:
+        target = directory / target_name / "lowered.onnx"
+        target.parent.mkdir()
+        commands.append((f"lower --target {target_name}", ["lower", str(source), "-o", str(target), "--target",
+                                                         target_name], target))
+    for command, argv, target in commands:
         code, _, err = _run(argv)
         lines = [line for line in err.splitlines() if line.strip()]
         if code not in (0, 1, 2):
@@ -414,32 +421,32 @@ def breaches(case: Case, directory: Path) -> list[str]:
             found.append(f"{command}: {err.strip()[:300]}")
         elif code != 0 and len(lines) != 1:
             found.append(f"{command}: {len(lines)} lines on stderr: {err.strip()[:300]}")
-        if command != "lower":
+        if target is None:
             continue
         written = sorted(p.name for p in target.parent.iterdir())
         if code != 0:
             if written:
-                found.append(f"lower: exit {code} but wrote {written}")
+                found.append(f"{command}: exit {code} but wrote {written}")
             continue
         if written != ["lowered.onnx"]:
-            found.append(f"lower: exit 0 but the output directory holds {written}")
+            found.append(f"{command}: exit 0 but the output directory holds {written}")
             continue
         lowered = onnx.load(str(target))
         original = onnx.load_from_string(case.data)
         before = sum(1 for _ in all_nodes_of(original))
         after = sum(1 for _ in all_nodes_of(lowered))
         if after > before + MAX_NODES_PER_NODE * len(_targets(original)):  # unbounded work
-            found.append(f"lower: {before} nodes became {after}")
+            found.append(f"{command}: {before} nodes became {after}")
         try:
             onnx.checker.check_model(lowered, full_check=True)
         except Exception as exc:
-            found.append(f"lower: wrote a model onnx.checker refuses: {' '.join(str(exc).split())[:300]}")
+            found.append(f"{command}: wrote a model onnx.checker refuses: {' '.join(str(exc).split())[:300]}")
             continue
         if not find_custom_nodes(lowered):
             try:
                 ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
             except Exception as exc:
-                found.append(f"lower: wrote a model onnxruntime refuses: {' '.join(str(exc).split())[:300]}")
+                found.append(f"{command}: wrote a model onnxruntime refuses: {' '.join(str(exc).split())[:300]}")
     return found
 
 

@@ -287,3 +287,16 @@ def test_an_untyped_optimizer_sequence_output_gets_its_sequence_type(tmp_path, c
     assert code == 0 and written, err
     declared = _value(onnx.load(tmp_path / "lowered.onnx"), "updated_weights").type
     assert declared.sequence_type.elem_type.tensor_type.elem_type == TensorProto.FLOAT
+
+
+def test_the_cost_tool_runs(capsys):
+    """tools/final_check_cost.py (the numbers in the notes) runs against the current package."""
+    import importlib.util
+
+    path = FIXTURES.parent.parent.parent / "tools" / "final_check_cost.py"
+    spec = importlib.util.spec_from_file_location("final_check_cost", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    tool.main(1)
+    out = capsys.readouterr().out
+    assert "cnn/training_model: 58 -> " in out and "final check" in out

@@ -42,6 +42,17 @@ BUNDLED = {
     ("com.microsoft", "SliceGrad"): "onednn",
     ("com.microsoft", "ConcatTraining"): "onednn",
     ("com.microsoft", "SplitTraining"): "onednn",
+    ("com.microsoft", "DropoutGrad"): "onednn",
+    ("com.microsoft", "TanhGrad"): "onednn",
+    ("com.microsoft", "LeakyReluGrad"): "onednn",
+    ("com.microsoft", "QuickGelu"): "onednn",
+    ("com.microsoft", "QuickGeluGrad"): "onednn",
+    ("com.microsoft", "BiasGelu"): "onednn",
+    ("com.microsoft", "BiasGeluGrad_dX"): "onednn",
+    ("com.microsoft", "GeluGrad"): "onednn",
+    ("com.microsoft", "FastGeluGrad"): "onednn",
+    ("com.microsoft", "BiasFastGeluGrad_dX"): "onednn",
+    ("com.microsoft", "Gelu"): "onednn",
 }
 
 

@@ -40,6 +40,8 @@ def _with_left_ops(registry, top_level: bool = True) -> onnx.ModelProto:
     model = build_example([BnCase(ONEDNN, (2, 3, 4, 4), layout="NCX")], registry).model
     graph = model.graph
     out = graph.output[0].name
+    shape = [d.dim_value for d in graph.output[0].type.tensor_type.shape.dim]  # the lowered model is checked:
+    # main-graph outputs need a type and shape
     branch_in = "m2" if top_level else out
     branch = helper.make_graph([helper.make_node(UNKNOWN, [branch_in], ["b"], name="inner", domain=MS)], "then",
                                [], [helper.make_tensor_value_info("b", TensorProto.FLOAT, None)])
@@ -52,12 +54,12 @@ def _with_left_ops(registry, top_level: bool = True) -> onnx.ModelProto:
             helper.make_node(CONTRIB, ["sq"], ["inv"], name="inverse", domain=MS),
         ])
         graph.input.append(helper.make_tensor_value_info("sq", TensorProto.FLOAT, [2, 2]))
-        graph.output.extend([helper.make_tensor_value_info("m2", TensorProto.FLOAT, None),
+        graph.output.extend([helper.make_tensor_value_info("m2", TensorProto.FLOAT, shape),
                              helper.make_tensor_value_info("inv", TensorProto.FLOAT, [2, 2])])
     graph.node.append(helper.make_node("If", ["cond"], ["branch_out"], name="choose", then_branch=branch,
                                        else_branch=else_branch))
     graph.input.append(helper.make_tensor_value_info("cond", TensorProto.BOOL, []))
-    graph.output.append(helper.make_tensor_value_info("branch_out", TensorProto.FLOAT, None))
+    graph.output.append(helper.make_tensor_value_info("branch_out", TensorProto.FLOAT, shape))
     if not any(o.domain == MS for o in model.opset_import):
         model.opset_import.add(domain=MS, version=1)
     return model

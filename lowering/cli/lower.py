@@ -57,7 +57,6 @@ def run(args: argparse.Namespace) -> int:
         lowered, report = lower_model_with_report(model, registry=registry,
                                                   onednn_single_output=args.onednn_single_output,
                                                   target=args.target)
-        check_lowered(lowered, model)  # the guarantee: nothing is written that the checker or onnxruntime refuses
     except OplowerError as exc:
         raise InFile(source, exc) from exc
     if report.left and args.strict:
@@ -65,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"oplower lower: error: {source}: --strict: {len(report.left)} op type(s) have no lowering rule "
               f"and would stay: {ops}; {target} not written", file=sys.stderr)
         return 1
+    try:
+        check_lowered(lowered, model)  # the guarantee: nothing is written that the checker or onnxruntime refuses
+    except OplowerError as exc:
+        raise InFile(source, exc) from exc
     for op in report.left:
         print(f"oplower lower: warning: {source}: {op.describe()}", file=sys.stderr)
     print(f"{source} -> {target}: {report.summary()}")

@@ -238,7 +238,7 @@ def test_every_artifact_lowers_to_standard_onnx(name):
         assert not [n.op_type for n in model.graph.node if n.op_type in ("MaxPoolGrad", "AveragePoolGrad")]
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "mobilenet"])
 def test_running_statistics_are_updated_like_onnxruntime_training(name):
     """BatchNormInternal updates its running statistics in place (they feed no node): the lowered training
     model returns them as '<input>.updated' and the trainer carries them, equal to what onnxruntime-training

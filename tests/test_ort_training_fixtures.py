@@ -15,7 +15,7 @@ from _recorded import recorded_cases
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ort_training"
 CASES = recorded_cases()
-ARTIFACTS = ("cnn", "mlp", "mlp_bce", "mlp_l1", "cnn1d")
+ARTIFACTS = tuple(sorted(p.name for p in (FIXTURES / "artifacts").iterdir() if p.is_dir()))  # every recorded one
 ARTIFACT_FILES = ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint", "data.npz",
                   "initial_params.npz", "api_step1.npz", "api_optimizer_step1.npz", "api_curve.json",
                   "raw_train_step1.npz", "raw_optimizer_step1.npz", "raw_curve.json", "meta.json")

@@ -39,6 +39,9 @@ PORTABLE_OPS = frozenset({
     # take the model at all, lowered or not): the Loop over the sequence and its sequence ops. Every input
     # of these may be a runtime value by the standard.
     "Loop", "SequenceEmpty", "SequenceLength", "SequenceAt", "SequenceInsert",
+    # For the recurrent ops (tests/test_recurrent.py runs them in onnxruntime, OpenVINO, tract and onnx.reference):
+    # the gate activations, and the Scan over the steps (its body reads the outer graph's values).
+    "Sigmoid", "Tanh", "Scan",
 })
 
 # A rule ``key`` lives in ``lowering.rules.<key>`` (a module or subpackage), or in any module of this package

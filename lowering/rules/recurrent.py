@@ -1,0 +1,326 @@
+"""Lowering of onnxruntime-training's recurrent ops ``LSTMTraining`` and ``LSTMGrad``
+(``specs/com.microsoft/LSTMTraining.rst``, ``LSTMGrad.rst``).
+
+Per direction, a ``Scan`` over the steps carries the state; everything that does not depend on the state is
+done on the whole sequence outside it, as batched MatMuls and ReduceSums:
+
+- forward: ``X W^T + W_b + R_b`` for all steps at once; the Scan body adds ``h R^T`` and applies the gates.
+  The reverse direction is the same Scan with ``scan_input_directions``/``scan_output_directions`` 1, so the
+  outputs come out in step order. The Scan's scan outputs are only the requested ones of HAll, CAll, iofc.
+- backward (backpropagation through time): a Scan opposite to the forward carries dh, dc and emits the gate
+  pre-activation gradients dz per step; then dX = dz W, dW = sum dz^T x, dR = sum dz^T h_prev (h_prev: HAll
+  shifted by one step, initial_h first), dB and dP by ReduceSum, all outside the loop.
+- ``sequence_lengths``: a step mask ``t < L`` (Range, Less); where it is false the state is carried unchanged
+  (Where) and the step's outputs are 0, in the forward and the backward Scan alike.
+
+One form for both targets: MatMul, Gather, Reshape, Transpose, Concat, Slice, Where, Less, Range, Expand,
+Sigmoid, Tanh, elementwise arithmetic and Scan with runtime inputs (lowering.rules.PORTABLE_OPS).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from lowering.builder import NodeBuilder
+from lowering.emit_common import Emitter, compute_type
+from lowering.rules import TARGETS, LoweringRequest, register_rule
+from lowering.rules.elementwise_grad import input_elem
+from opdef.errors import LoweringError
+
+SLICE_INPUTS_SINCE = 10
+AXES_INPUT_SINCE = 13  # Unsqueeze/Squeeze take axes as an input from here on
+_BACKWARDS = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}
+
+
+class _Emit(Emitter):
+    """The helpers both rules use; ``b`` may be the main graph's builder or a Scan body's."""
+
+    def unsqueeze(self, x: str, axes: list[int], output: str | None = None) -> str:
+        if self.b.opset < AXES_INPUT_SINCE:
+            return self.b.op1("Unsqueeze", [x], output, axes=axes)
+        return self.b.op1("Unsqueeze", [x, self.ints(axes, "axes")], output)
+
+    def pick(self, x: str, index: int, axis: int) -> str:
+        """``x`` at ``index`` along ``axis``, that axis dropped."""
+        return self.b.op1("Gather", [x, self.b.const(np.array(index, np.int64), hint="index")], axis=axis)
+
+    def slice(self, x: str, start: int, end: int, axis: int) -> str:
+        return self.b.op1("Slice", [x, self.ints([start], "starts"), self.ints([end], "ends"),
+                                    self.ints([axis], "axes")])
+
+    def add(self, *terms: str) -> str:
+        total = terms[0]
+        for t in terms[1:]:
+            total = self.b.op1("Add", [total, t])
+        return total
+
+    def mul(self, *factors: str) -> str:
+        total = factors[0]
+        for f in factors[1:]:
+            total = self.b.op1("Mul", [total, f])
+        return total
+
+    def one_minus(self, x: str) -> str:
+        return self.b.op1("Sub", [self.scalar(1.0, "one"), x])
+
+    def gates(self, x: str) -> list[str]:
+        """The four H-wide blocks of the last axis of ``x`` ([N, 4H] -> 4 x [N, H])."""
+        blocks = self.b.op1("Reshape", [x, self.ints([0, 4, -1], "gate_blocks")])
+        return [self.pick(blocks, k, 1) for k in range(4)]
+
+    def emit(self, op_type: str, inputs: list[str], output: str, out_type: int, **attrs) -> None:
+        """The last op of a result writes the requested name (through one Cast when the types differ)."""
+        if out_type == self.ct:
+            self.b.op1(op_type, inputs, output, **attrs)
+        else:
+            self.b.op1("Cast", [self.b.op1(op_type, inputs, **attrs)], output, to=out_type)
+
+    def stack(self, parts: list[str], axis: int, output: str, out_type: int) -> None:
+        """One [.., 1, ..] slice per direction on ``axis``, concatenated into ``output``."""
+        parts = [self.unsqueeze(p, [axis]) for p in parts]
+        if len(parts) == 1:
+            self.emit("Identity", parts, output, out_type)
+        else:
+            self.emit("Concat", parts, output, out_type, axis=axis)
+
+
+def _check_opset(b: NodeBuilder, request: LoweringRequest) -> None:
+    if b.opset < SLICE_INPUTS_SINCE:
+        node = request.inference
+        raise LoweringError(f"{node.op_type} '{node.node_name}': the recurrent lowering needs default opset "
+                            f"{SLICE_INPUTS_SINCE} or newer (Slice with input starts/ends); the model imports "
+                            f"opset {b.opset}")
+
+
+def _state_zeros(e: _Emit, x: str, r: str) -> str:
+    """Zeros of shape [N, H]: N from X [S, N, I], H from R [D, 4H, H]."""
+    b = e.b
+    shape = b.op1("Concat", [e.slice(b.op1("Shape", [x]), 1, 2, 0), e.slice(b.op1("Shape", [r]), 2, 3, 0)], axis=0)
+    return b.op1("Expand", [e.scalar(0.0, "zero"), shape], hint="zero_state")
+
+
+def _steps(e: _Emit, x: str) -> str:
+    """The step indices [S, 1, 1] as int32 (the type of sequence_lengths)."""
+    b = e.b
+    count = b.op1("Cast", [e.pick(b.op1("Shape", [x]), 0, 0)], to=TensorProto.INT32)
+    steps = b.op1("Range", [b.const(np.array(0, np.int32), hint="zero_i32"), count,
+                            b.const(np.array(1, np.int32), hint="one_i32")])
+    return b.op1("Reshape", [steps, e.ints([-1, 1, 1], "step_view")])
+
+
+def _step_mask(e: _Emit, steps: str, lengths: str, offset: int = 0) -> str:
+    """Bool [S, N, 1]: ``t + offset < sequence_lengths[n]``."""
+    b = e.b
+    if offset:
+        steps = b.op1("Add", [steps, b.const(np.array(offset, np.int32), hint="offset")])
+    return b.op1("Less", [steps, b.op1("Reshape", [lengths, e.ints([1, -1, 1], "length_view")])])
+
+
+def _direction_input(e: _Emit, request: LoweringRequest, role: str, d: int, io: int) -> str | None:
+    name = request.input(role)
+    return None if name is None else e.pick(e.up(name, io), d, 0)
+
+
+def _scan(e: _Emit, hint: str, states: list[str], scans: list[str], build, n_scan_outputs: int,
+          backwards: bool) -> tuple[list[str], list[str]]:
+    """A Scan over axis 0 of ``scans`` carrying ``states``; ``build(sub_emitter, state_names, scan_names)``
+    returns (new states, scan outputs); returns (final states, stacked scan outputs)."""
+    b = e.b
+    body = onnx.GraphProto(name=b.fresh(hint))
+    sub = _Emit(NodeBuilder(b.opset, b.fresh("body"), b.is_taken, into=body.node), e.ct)
+    state_in = [sub.b.fresh("state") for _ in states]
+    scan_in = [sub.b.fresh("step") for _ in scans]
+    body.input.extend([helper.make_tensor_value_info(n, e.ct, None) for n in state_in] +
+                      [helper.make_tensor_value_info(n, TensorProto.BOOL if s.startswith("mask:") else e.ct, None)
+                       for n, s in zip(scan_in, scans, strict=True)])
+    new_states, outs = build(sub, state_in, scan_in)
+    # body outputs must be distinct names of the body's own (a body input passed through, or a value that is
+    # both the new state and a scan output, goes through an Identity)
+    body_out: list[str] = []
+    for v in new_states + outs:
+        body_out.append(sub.b.op1("Identity", [v]) if v in state_in + scan_in + body_out else v)
+    body.output.extend([helper.make_tensor_value_info(n, e.ct, None) for n in body_out])
+    finals = [b.fresh(hint + "_final") for _ in states]
+    stacked = [b.fresh(hint + "_all") for _ in range(n_scan_outputs)]
+    direction = 1 if backwards else 0
+    b.op("Scan", states + [s.removeprefix("mask:") for s in scans], finals + stacked, hint=hint, body=body,
+         num_scan_inputs=len(scans), scan_input_directions=[direction] * len(scans),
+         scan_output_directions=[direction] * n_scan_outputs if n_scan_outputs else None)
+    return finals, stacked
+
+
+# -- LSTMTraining ---------------------------------------------------------------------------------------------------
+
+@register_rule("lstm_training", targets=TARGETS)
+def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
+    roles = ("HAll", "HFinal", "CFinal", "CAll", "iofc")
+    outputs = {r: request.output(r) for r in roles}
+    if not any(outputs.values()):
+        return
+    _check_opset(b, request)
+    io = input_elem(request, "X")
+    e = _Emit(b, compute_type(io))
+    x, r = e.up(request.input("X"), io), e.up(request.input("R"), io)
+    w = e.up(request.input("W"), io)
+    zeros = None
+    lengths = request.input("sequence_lengths")
+    mask = _step_mask(e, _steps(e, x), lengths) if lengths else None
+    scan_outputs = [r for r in ("HAll", "CAll", "iofc") if outputs[r]]
+    per_direction: dict[str, list[str]] = {r: [] for r in roles}
+    for d, backwards in enumerate(_BACKWARDS[request.inference.attributes.get("direction", "forward")]):
+        w_d, r_d = e.pick(w, d, 0), e.pick(r, d, 0)
+        projected = b.op1("MatMul", [x, b.op1("Transpose", [w_d], perm=[1, 0])], hint="x_w")
+        bias = _direction_input(e, request, "B", d, io)
+        if bias is not None:  # W_b + R_b, [8H] -> [2, 4H] -> [4H]
+            pair = b.op1("Reshape", [bias, e.ints([2, -1], "bias_pair")])
+            projected = b.op1("Add", [projected, e.reduce("ReduceSum", pair, (0,), keepdims=0)])
+        r_t = b.op1("Transpose", [r_d], perm=[1, 0], hint="r_t")
+        start = []
+        for role in ("initial_h", "initial_c"):
+            value = _direction_input(e, request, role, d, io)
+            if value is None:
+                zeros = zeros or _state_zeros(e, x, r)
+                value = zeros
+            start.append(value)
+        peep = _direction_input(e, request, "P", d, io)
+        peepholes = None
+        if peep is not None:
+            blocks = b.op1("Reshape", [peep, e.ints([3, -1], "peephole_blocks")])
+            peepholes = [e.pick(blocks, k, 0) for k in range(3)]  # p_i, p_o, p_f
+
+        def step(s: _Emit, state: list[str], scanned: list[str], r_t=r_t, peepholes=peepholes):
+            h, c = state
+            z_i, z_o, z_f, z_c = s.gates(s.b.op1("Add", [scanned[0], s.b.op1("MatMul", [h, r_t])]))
+            if peepholes is not None:
+                z_i = s.add(z_i, s.mul(peepholes[0], c))
+                z_f = s.add(z_f, s.mul(peepholes[2], c))
+            i, f, g = s.b.op1("Sigmoid", [z_i]), s.b.op1("Sigmoid", [z_f]), s.b.op1("Tanh", [z_c])
+            c_new = s.add(s.mul(f, c), s.mul(i, g))
+            if peepholes is not None:
+                z_o = s.add(z_o, s.mul(peepholes[1], c_new))
+            o = s.b.op1("Sigmoid", [z_o])
+            h_new = s.mul(o, s.b.op1("Tanh", [c_new]))
+            values = {"HAll": h_new, "CAll": c_new}
+            if "iofc" in scan_outputs:
+                values["iofc"] = s.b.op1("Concat", [i, o, f, g], axis=1)
+            outs = [values[role] for role in scan_outputs]
+            if mask is None:
+                return [h_new, c_new], outs
+            keep = scanned[1]
+            zero = s.scalar(0.0, "zero")
+            return ([s.b.op1("Where", [keep, h_new, h]), s.b.op1("Where", [keep, c_new, c])],
+                    [s.b.op1("Where", [keep, v, zero]) for v in outs])
+
+        scans = [projected] + ([f"mask:{mask}"] if mask else [])
+        finals, stacked = _scan(e, "lstm_forward", start, scans, step, len(scan_outputs), backwards)
+        per_direction["HFinal"].append(finals[0])
+        per_direction["CFinal"].append(finals[1])
+        for role, value in zip(scan_outputs, stacked, strict=True):
+            per_direction[role].append(value)
+    for role in roles:
+        if outputs[role]:
+            e.stack(per_direction[role], 1 if role in ("HAll", "CAll", "iofc") else 0, outputs[role], io)
+
+
+# -- LSTMGrad -------------------------------------------------------------------------------------------------------
+
+def _previous(e: _Emit, values: str, initial: str, backwards: bool, keep: str | None) -> str:
+    """The state before each step in step order: ``values`` shifted by one step towards where the direction
+    starts, ``initial`` at the first step; ``keep`` (reverse direction with sequence_lengths) picks ``initial``
+    where the next step was not run (each sequence's first reverse step)."""
+    b = e.b
+    first = e.unsqueeze(initial, [0])
+    big = np.iinfo(np.int64).max
+    if backwards:
+        shifted = b.op1("Concat", [e.slice(values, 1, big, 0), first], axis=0)
+    else:
+        shifted = b.op1("Concat", [first, e.slice(values, 0, -1, 0)], axis=0)
+    return shifted if keep is None else b.op1("Where", [keep, shifted, first])
+
+
+@register_rule("lstm_grad", targets=TARGETS)
+def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
+    roles = ("dX", "dW", "dR", "dB", "dH0", "dC0", "dP")
+    outputs = {r: request.output(r) for r in roles}
+    if not any(outputs.values()):
+        return
+    _check_opset(b, request)
+    io = input_elem(request, "X")
+    e = _Emit(b, compute_type(io))
+    x, w, r = (e.up(request.input(n), io) for n in ("X", "W", "R"))
+    h_all, c_all, gates = (e.up(request.input(n), io) for n in ("HAll", "CAll", "iofc"))
+    d_h_all = request.input("dHAll")
+    d_h_all = None if d_h_all is None else e.up(d_h_all, io)
+    zeros = None
+    lengths = request.input("sequence_lengths")
+    steps = _steps(e, x) if lengths else None
+    mask = _step_mask(e, steps, lengths) if lengths else None
+    results: dict[str, list[str]] = {r: [] for r in roles}
+    for d, backwards in enumerate(_BACKWARDS[request.inference.attributes.get("direction", "forward")]):
+        w_d, r_d = e.pick(w, d, 0), e.pick(r, d, 0)
+        start, initial = [], []
+        for grad_role, state_role in (("dHFinal", "initial_h"), ("dCFinal", "initial_c")):
+            for role, into in ((grad_role, start), (state_role, initial)):
+                value = _direction_input(e, request, role, d, io)
+                if value is None:
+                    zeros = zeros or _state_zeros(e, x, r)
+                    value = zeros
+                into.append(value)
+        h_d, c_d, gates_d = (e.pick(v, d, 1) for v in (h_all, c_all, gates))
+        keep_prev = _step_mask(e, steps, lengths, 1) if lengths and backwards else None
+        c_prev = _previous(e, c_d, initial[1], backwards, keep_prev)
+
+        def step(s: _Emit, state: list[str], scanned: list[str], r_d=r_d):
+            dh, dc = state
+            gates_t, c_t, c_prev_t = scanned[:3]
+            dh_t = dh if d_h_all is None else s.add(dh, scanned[3])
+            dh_s, dc_s = dh_t, dc
+            if mask is not None:
+                keep, zero = scanned[-1], s.scalar(0.0, "zero")
+                dh_s, dc_s = s.b.op1("Where", [keep, dh_t, zero]), s.b.op1("Where", [keep, dc, zero])
+            i, o, f, g = s.gates(gates_t)
+            tanh_c = s.b.op1("Tanh", [c_t])
+            dz_o = s.mul(dh_s, tanh_c, o, s.one_minus(o))
+            dc_t = s.add(dc_s, s.mul(dh_s, o, s.one_minus(s.mul(tanh_c, tanh_c))))
+            dz_i = s.mul(dc_t, g, i, s.one_minus(i))
+            dz_f = s.mul(dc_t, c_prev_t, f, s.one_minus(f))
+            dz_c = s.mul(dc_t, i, s.one_minus(s.mul(g, g)))
+            dz = s.b.op1("Concat", [dz_i, dz_o, dz_f, dz_c], axis=1)
+            dh_new, dc_new = s.b.op1("MatMul", [dz, r_d]), s.mul(dc_t, f)
+            if mask is not None:
+                dh_new, dc_new = s.b.op1("Where", [keep, dh_new, dh]), s.b.op1("Where", [keep, dc_new, dc])
+            return [dh_new, dc_new], [dz]
+
+        scans = [gates_d, c_d, c_prev]
+        if d_h_all is not None:
+            scans.append(e.pick(d_h_all, d, 1))
+        if mask is not None:
+            scans.append(f"mask:{mask}")
+        # backpropagation runs opposite to the forward
+        finals, (dz,) = _scan(e, "lstm_backward", start, scans, step, 1, not backwards)
+        results["dH0"].append(finals[0])
+        results["dC0"].append(finals[1])
+        if outputs["dX"]:
+            results["dX"].append(b.op1("MatMul", [dz, w_d], hint="dx"))
+        dz_t = b.op1("Transpose", [dz], perm=[0, 2, 1], hint="dz_t") if outputs["dW"] or outputs["dR"] else None
+        if outputs["dW"]:
+            results["dW"].append(e.reduce("ReduceSum", b.op1("MatMul", [dz_t, x]), (0,), keepdims=0))
+        if outputs["dR"]:
+            h_prev = _previous(e, h_d, initial[0], backwards, keep_prev)
+            results["dR"].append(e.reduce("ReduceSum", b.op1("MatMul", [dz_t, h_prev]), (0,), keepdims=0))
+        if outputs["dB"]:
+            db = e.reduce("ReduceSum", dz, (0, 1), keepdims=0)
+            results["dB"].append(b.op1("Concat", [db, db], axis=0))
+        if outputs["dP"]:
+            blocks = b.op1("Reshape", [dz, e.ints([0, 0, 4, -1], "gate_blocks_all")])
+            dz_i, dz_o, dz_f = (e.pick(blocks, k, 2) for k in range(3))
+            parts = [e.reduce("ReduceSum", e.mul(g, c), (0, 1), keepdims=0)
+                     for g, c in ((dz_i, c_prev), (dz_o, c_d), (dz_f, c_prev))]
+            results["dP"].append(b.op1("Concat", parts, axis=0))
+    if outputs["dX"]:
+        e.emit("Identity", [e.add(*results["dX"])], outputs["dX"], io)
+    for role in ("dW", "dR", "dB", "dH0", "dC0", "dP"):
+        if outputs[role]:
+            e.stack(results[role], 0, outputs[role], io)

@@ -73,9 +73,9 @@ def mlp(out: int = 3) -> nn.Module:
 
 
 class RecurrentClassifier(nn.Module):
-    """nn.LSTM / nn.GRU (batch_first) over a [batch, seq, feature] input, then a Linear on the mean of the outputs over time
-    and on the last layer's final hidden state (so the gradient op gets both dHAll and dHFinal). No indexing of
-    the outputs (``out[-1]`` would bring a GatherGrad) and no dropout."""
+    """nn.LSTM / nn.GRU (batch_first) over a [batch, seq, feature] input, then a Linear on the mean of the
+    outputs over time and on the final hidden states (so the gradient op gets both dHAll and dHFinal). No
+    indexing of the outputs (``out[-1]`` would bring a GatherGrad) and no dropout."""
 
     def __init__(self, cell: type, layers: int = 1, bidirectional: bool = False) -> None:
         super().__init__()

@@ -24,7 +24,7 @@ from opdef.errors import ModelError, OplowerError, RuntimeFailure, VerificationE
 from opdef.graphs import all_nodes
 from opdef.registry import Entry, Registry
 from opdef.rules.pool_grad import pool_parameters
-from runtime import reference, reference_training, reference_updates
+from runtime import reference, reference_recurrent, reference_training, reference_updates
 
 SINGLE_OUTPUT_MODES = ("spec", "upstream")
 # An omitted output ("") of a custom node is renamed to this prefix + a number on the evaluator's copy:
@@ -309,6 +309,30 @@ def _adamw_optimizer(n: _Node, exact: bool, single_output: str) -> tuple:
 
 RULES |= {"in_place_accumulator": _in_place_accumulator, "sgd_optimizer": _sgd_optimizer,
           "adamw_optimizer": _adamw_optimizer}
+
+
+# -- onnxruntime-training's recurrent ops (runtime.reference_recurrent)
+
+def _lstm_training(n: _Node, exact: bool, single_output: str) -> tuple:
+    x = n.input("X")
+    values = reference_recurrent.lstm_training(
+        x, n.input("W"), n.input("R"), *(n.input(r, required=False) for r in
+                                         ("B", "sequence_lengths", "initial_h", "initial_c", "P")),
+        direction=str(n.attribute("direction", "forward")))
+    return _rounded(n, exact, values, x.dtype)
+
+
+def _lstm_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    x = n.input("X")
+    optional = [n.input(r, required=False) for r in ("sequence_lengths", "initial_h", "initial_c")]
+    grads = [n.input(r, required=False) for r in ("dHAll", "dHFinal", "dCFinal")]
+    values = reference_recurrent.lstm_grad(x, n.input("W"), n.input("R"), *optional, n.input("HAll"),
+                                           n.input("CAll"), n.input("iofc"), *grads,
+                                           direction=str(n.attribute("direction", "forward")))
+    return _rounded(n, exact, values, x.dtype)
+
+
+RULES |= {"lstm_training": _lstm_training, "lstm_grad": _lstm_grad}
 
 
 def op_classes(registry: Registry, *, exact: bool = False, single_output: str = "spec") -> list[type[OpRun]]:

@@ -30,6 +30,8 @@ BUNDLED = {
     ("com.microsoft", "InPlaceAccumulatorV2"): "onednn",
     ("com.microsoft", "AdamWOptimizer"): "onednn",
     ("com.microsoft", "SGDOptimizerV2"): "onednn",
+    ("com.microsoft", "LSTMTraining"): "onednn",
+    ("com.microsoft", "LSTMGrad"): "onednn",
 }
 
 

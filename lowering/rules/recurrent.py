@@ -5,8 +5,8 @@ Per direction, a ``Scan`` over the steps carries the state; everything that does
 done on the whole sequence outside it, as batched MatMuls and ReduceSums:
 
 - forward: ``X W^T + W_b + R_b`` for all steps at once; the Scan body adds ``h R^T`` and applies the gates.
-  The reverse direction is the same Scan with ``scan_input_directions``/``scan_output_directions`` 1, so the
-  outputs come out in step order. The Scan's scan outputs are only the requested ones of HAll, CAll, iofc.
+  The reverse direction runs the same Scan on the sequence reversed (a Slice of step -1) and reverses its
+  outputs back into step order. The Scan's scan outputs are only the requested ones of HAll, CAll, iofc.
 - backward (backpropagation through time): a Scan opposite to the forward carries dh, dc and emits the gate
   pre-activation gradients dz per step; then dX = dz W, dW = sum dz^T x, dR = sum dz^T h_prev (h_prev: HAll
   shifted by one step, initial_h first), dB and dP by ReduceSum, all outside the loop.
@@ -123,31 +123,48 @@ def _direction_input(e: _Emit, request: LoweringRequest, role: str, d: int, io: 
     return None if name is None else e.pick(e.up(name, io), d, 0)
 
 
+def _reversed(e: _Emit, x: str) -> str:
+    """``x`` with axis 0 reversed (a Slice of step -1)."""
+    big = np.iinfo(np.int64)
+    return e.b.op1("Slice", [x, e.ints([-1], "starts"), e.ints([big.min], "ends"), e.ints([0], "axes"),
+                             e.ints([-1], "steps")], hint="reversed")
+
+
 def _scan(e: _Emit, hint: str, states: list[str], scans: list[str], build, n_scan_outputs: int,
-          backwards: bool) -> tuple[list[str], list[str]]:
-    """A Scan over axis 0 of ``scans`` carrying ``states``; ``build(sub_emitter, state_names, scan_names)``
-    returns (new states, scan outputs); returns (final states, stacked scan outputs)."""
+          backwards: bool, constants: list[str] = ()) -> tuple[list[str], list[str]]:
+    """A Scan over axis 0 of ``scans`` carrying ``states``; ``build(sub_emitter, state_names, scan_names,
+    constant_names)`` returns (new states, scan outputs); returns (final states, stacked scan outputs).
+
+    ``constants`` (the weights the body multiplies by) ride along as extra states passed through unchanged:
+    OpenVINO's Scan refuses a body that reads outer values by name. A backwards Scan reverses its scan inputs
+    and outputs with Slices rather than ``scan_input_directions`` (onnx.reference's Scan has only 0)."""
     b = e.b
     body = onnx.GraphProto(name=b.fresh(hint))
     sub = _Emit(NodeBuilder(b.opset, b.fresh("body"), b.is_taken, into=body.node), e.ct)
     state_in = [sub.b.fresh("state") for _ in states]
+    const_in = [sub.b.fresh("weight") for _ in constants]
     scan_in = [sub.b.fresh("step") for _ in scans]
-    body.input.extend([helper.make_tensor_value_info(n, e.ct, None) for n in state_in] +
+    body.input.extend([helper.make_tensor_value_info(n, e.ct, None) for n in state_in + const_in] +
                       [helper.make_tensor_value_info(n, TensorProto.BOOL if s.startswith("mask:") else e.ct, None)
                        for n, s in zip(scan_in, scans, strict=True)])
-    new_states, outs = build(sub, state_in, scan_in)
+    new_states, outs = build(sub, state_in, scan_in, const_in)
     # body outputs must be distinct names of the body's own (a body input passed through, or a value that is
     # both the new state and a scan output, goes through an Identity)
     body_out: list[str] = []
-    for v in new_states + outs:
-        body_out.append(sub.b.op1("Identity", [v]) if v in state_in + scan_in + body_out else v)
+    taken = set(state_in + const_in + scan_in)
+    for v in new_states + const_in + outs:
+        body_out.append(sub.b.op1("Identity", [v]) if v in taken or v in body_out else v)
     body.output.extend([helper.make_tensor_value_info(n, e.ct, None) for n in body_out])
     finals = [b.fresh(hint + "_final") for _ in states]
+    passed = [b.fresh(hint + "_weight") for _ in constants]
     stacked = [b.fresh(hint + "_all") for _ in range(n_scan_outputs)]
-    direction = 1 if backwards else 0
-    b.op("Scan", states + [s.removeprefix("mask:") for s in scans], finals + stacked, hint=hint, body=body,
-         num_scan_inputs=len(scans), scan_input_directions=[direction] * len(scans),
-         scan_output_directions=[direction] * n_scan_outputs if n_scan_outputs else None)
+    inputs = [s.removeprefix("mask:") for s in scans]
+    if backwards:
+        inputs = [_reversed(e, s) for s in inputs]
+    b.op("Scan", list(states) + list(constants) + inputs, finals + passed + stacked, hint=hint, body=body,
+         num_scan_inputs=len(scans))
+    if backwards:
+        stacked = [_reversed(e, s) for s in stacked]
     return finals, stacked
 
 
@@ -190,8 +207,10 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
             blocks = b.op1("Reshape", [peep, e.ints([3, -1], "peephole_blocks")])
             peepholes = [e.pick(blocks, k, 0) for k in range(3)]  # p_i, p_o, p_f
 
-        def step(s: _Emit, state: list[str], scanned: list[str], r_t=r_t, peepholes=peepholes):
+        def step(s: _Emit, state: list[str], scanned: list[str], weights: list[str]):
             h, c = state
+            r_t = weights[0]
+            peepholes = weights[1:] or None
             z_i, z_o, z_f, z_c = s.gates(s.b.op1("Add", [scanned[0], s.b.op1("MatMul", [h, r_t])]))
             if peepholes is not None:
                 z_i = s.add(z_i, s.mul(peepholes[0], c))
@@ -214,7 +233,8 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
                     [s.b.op1("Where", [keep, v, zero]) for v in outs])
 
         scans = [projected] + ([f"mask:{mask}"] if mask else [])
-        finals, stacked = _scan(e, "lstm_forward", start, scans, step, len(scan_outputs), backwards)
+        finals, stacked = _scan(e, "lstm_forward", start, scans, step, len(scan_outputs), backwards,
+                                [r_t] + (peepholes or []))
         per_direction["HFinal"].append(finals[0])
         per_direction["CFinal"].append(finals[1])
         for role, value in zip(scan_outputs, stacked, strict=True):
@@ -272,8 +292,9 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         keep_prev = _step_mask(e, steps, lengths, 1) if lengths and backwards else None
         c_prev = _previous(e, c_d, initial[1], backwards, keep_prev)
 
-        def step(s: _Emit, state: list[str], scanned: list[str], r_d=r_d):
+        def step(s: _Emit, state: list[str], scanned: list[str], weights: list[str]):
             dh, dc = state
+            r_d = weights[0]
             gates_t, c_t, c_prev_t = scanned[:3]
             dh_t = dh if d_h_all is None else s.add(dh, scanned[3])
             dh_s, dc_s = dh_t, dc
@@ -299,7 +320,7 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         if mask is not None:
             scans.append(f"mask:{mask}")
         # backpropagation runs opposite to the forward
-        finals, (dz,) = _scan(e, "lstm_backward", start, scans, step, 1, not backwards)
+        finals, (dz,) = _scan(e, "lstm_backward", start, scans, step, 1, not backwards, [r_d])
         results["dH0"].append(finals[0])
         results["dC0"].append(finals[1])
         if outputs["dX"]:

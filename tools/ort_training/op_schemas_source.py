@@ -18,6 +18,10 @@ SEQ = ["seq(tensor(float16))", "seq(tensor(float))", "seq(tensor(double))"]
 POOL_ATTRS = {"kernel_shape": ("INTS", True, None), "strides": ("INTS", False, None),
               "auto_pad": ("STRING", False, "NOTSET"), "pads": ("INTS", False, None)}
 
+RNN_ATTRS = {"activation_alpha": ("FLOATS", False, None), "activation_beta": ("FLOATS", False, None),
+             "activations": ("STRINGS", False, None), "clip": ("FLOAT", False, None),
+             "direction": ("STRING", False, "forward"), "hidden_size": ("INT", False, None)}
+
 
 def io(*items):
     """(name, type_param, option) triples; option: Single | Optional."""
@@ -106,6 +110,28 @@ SCHEMAS = {
         note="seen in the BCEWithLogitsLoss artifact; input names not transcribed (positional: output gradient, "
              "Sigmoid output); the fixture ops/SigmoidGrad shows dX = dY * Y * (1 - Y)",
         type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::LSTMTraining": dict(
+        since_version=1,
+        inputs=io(("X", "T", S), ("W", "T", S), ("R", "T", S), ("B", "T", OPT), ("SL", "TInt32", OPT),
+                  ("Ht0", "T", OPT), ("Ct0", "T", OPT), ("P", "T", OPT)),
+        outputs=io(("HAll", "T", OPT), ("HFinal", "T", OPT), ("CFinal", "T", OPT), ("CAll", "T", OPT),
+                   ("iofc", "T", OPT)),
+        attributes=attrs(**RNN_ATTRS, input_forget=("INT", False, 0)),
+        note="names as in the issue's signature; the 1.19.2 CPU kernel runs only direction forward, f32, no SL, "
+             "no clip/input_forget/other activations (tools/ort_training/cases_recurrent.py); the fixture "
+             "ops/LSTMTraining shows HAll/CAll [S,D,N,H] and iofc [S,D,N,4H] after activations, order i,o,f,c",
+        type_constraints={"T": ["tensor(float)"], "TInt32": ["tensor(int32)"]}),
+    "com.microsoft::LSTMGrad": dict(
+        since_version=1,
+        inputs=io(("X", "T", S), ("W", "T", S), ("R", "T", S), ("SL", "TInt32", OPT), ("Ht0", "T", OPT),
+                  ("Ct0", "T", OPT), ("HAll", "T", S), ("CAll", "T", S), ("iofc", "T", S), ("dHAll", "T", OPT),
+                  ("dHFinal", "T", OPT), ("dCFinal", "T", OPT)),
+        outputs=io(("dX", "T", OPT), ("dW", "T", OPT), ("dR", "T", OPT), ("dB", "T", OPT), ("dH0", "T", OPT),
+                   ("dC0", "T", OPT), ("dP", "T", OPT)),
+        attributes=attrs(**RNN_ATTRS, input_forget=("INT", False, 0)),
+        note="no B (the gates in iofc hold it) and no P input: the gradient is that of an LSTM without "
+             "peepholes, dP at P = 0 (fixture ops/LSTMGrad/peepholes)",
+        type_constraints={"T": ["tensor(float)"], "TInt32": ["tensor(int32)"]}),
 }
 
 if __name__ == "__main__":

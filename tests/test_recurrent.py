@@ -353,11 +353,6 @@ def test_reference_evaluator_matches_onnxruntime_training(case):
 
 # -- the portable form in other runtimes ---------------------------------------------------------------------------
 
-# tract 0.23's Scan analysis infers the backward body's carried gradient as [1,N,H] where it is [N,H] (the same
-# Scan shape in the forward passes): an asserted refusal, not a skip
-REFUSED = {("LSTMGrad", "tract"): "Failed analyse for node .* Scan"}
-
-
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino", "tract", "reference"])
 @pytest.mark.parametrize("op", ["LSTMTraining", "LSTMGrad"])
 def test_portable_form_runs_in_every_runtime(op, runtime, tmp_path):
@@ -374,11 +369,6 @@ def test_portable_form_runs_in_every_runtime(op, runtime, tmp_path):
         m.op_type for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH
         for m in a.g.node}
     assert used <= PORTABLE_OPS, used - PORTABLE_OPS
-    run_feeds = {k: v for k, v in feeds.items() if v is not None}
-    if (op, runtime) in REFUSED:
-        with pytest.raises(Exception, match=REFUSED[op, runtime]):
-            _run_any(runtime, model, run_feeds, tmp_path)
-        return
-    got = _run_any(runtime, model, run_feeds, tmp_path)
+    got = _run_any(runtime, model, {k: v for k, v in feeds.items() if v is not None}, tmp_path)
     for name in outputs:
         _close(np.asarray(got[name]), want[name], 1e-5, f"{runtime} {name}")

@@ -309,7 +309,10 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
             dz_f = s.mul(dc_t, c_prev_t, f, s.one_minus(f))
             dz_c = s.mul(dc_t, i, s.one_minus(s.mul(g, g)))
             dz = s.b.op1("Concat", [dz_i, dz_o, dz_f, dz_c], axis=1)
-            dh_new, dc_new = s.b.op1("MatMul", [dz, r_d]), s.mul(dc_t, f)
+            # shaped like the carried dh: tract 0.23's Scan analysis sees a state with the scan axis kept
+            # ([1, N, H]) and refuses a new state computed from the scan inputs alone ([N, H])
+            dh_new = s.b.op1("Reshape", [s.b.op1("MatMul", [dz, r_d]), s.b.op1("Shape", [dh])])
+            dc_new = s.mul(dc_t, f)
             if mask is not None:
                 dh_new, dc_new = s.b.op1("Where", [keep, dh_new, dh]), s.b.op1("Where", [keep, dc_new, dc])
             return [dh_new, dc_new], [dz]

@@ -32,6 +32,8 @@ BUNDLED = {
     ("com.microsoft", "SGDOptimizerV2"): "onednn",
     ("com.microsoft", "LSTMTraining"): "onednn",
     ("com.microsoft", "LSTMGrad"): "onednn",
+    ("com.microsoft", "GRUTraining"): "onednn",
+    ("com.microsoft", "GRUGrad"): "onednn",
 }
 
 

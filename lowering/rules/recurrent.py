@@ -1,5 +1,5 @@
-"""Lowering of onnxruntime-training's recurrent ops ``LSTMTraining`` and ``LSTMGrad``
-(``specs/com.microsoft/LSTMTraining.rst``, ``LSTMGrad.rst``).
+"""Lowering of onnxruntime-training's recurrent ops ``LSTMTraining``, ``LSTMGrad``, ``GRUTraining`` and
+``GRUGrad`` (``specs/com.microsoft/``).
 
 Per direction, a ``Scan`` over the steps carries the state; everything that does not depend on the state is
 done on the whole sequence outside it, as batched MatMuls and ReduceSums:
@@ -65,10 +65,16 @@ class _Emit(Emitter):
     def one_minus(self, x: str) -> str:
         return self.b.op1("Sub", [self.scalar(1.0, "one"), x])
 
-    def gates(self, x: str) -> list[str]:
-        """The four H-wide blocks of the last axis of ``x`` ([N, 4H] -> 4 x [N, H])."""
-        blocks = self.b.op1("Reshape", [x, self.ints([0, 4, -1], "gate_blocks")])
-        return [self.pick(blocks, k, 1) for k in range(4)]
+    def gates(self, x: str, count: int = 4) -> list[str]:
+        """The ``count`` H-wide blocks of the last axis of ``x`` ([N, count*H] -> count x [N, H])."""
+        blocks = self.b.op1("Reshape", [x, self.ints([0, count, -1], "gate_blocks")])
+        return [self.pick(blocks, k, 1) for k in range(count)]
+
+    def like(self, x: str, reference: str) -> str:
+        """``x`` reshaped to ``reference``'s shape: a Scan body's new state shaped like the carried one (tract
+        0.23's Scan analysis sees a state with the scan axis kept, [1, N, H], and refuses a new state computed
+        from the scan inputs alone, [N, H])."""
+        return self.b.op1("Reshape", [x, self.b.op1("Shape", [reference])])
 
     def emit(self, op_type: str, inputs: list[str], output: str, out_type: int, **attrs) -> None:
         """The last op of a result writes the requested name (through one Cast when the types differ)."""
@@ -309,9 +315,7 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
             dz_f = s.mul(dc_t, c_prev_t, f, s.one_minus(f))
             dz_c = s.mul(dc_t, i, s.one_minus(s.mul(g, g)))
             dz = s.b.op1("Concat", [dz_i, dz_o, dz_f, dz_c], axis=1)
-            # shaped like the carried dh: tract 0.23's Scan analysis sees a state with the scan axis kept
-            # ([1, N, H]) and refuses a new state computed from the scan inputs alone ([N, H])
-            dh_new = s.b.op1("Reshape", [s.b.op1("MatMul", [dz, r_d]), s.b.op1("Shape", [dh])])
+            dh_new = s.like(s.b.op1("MatMul", [dz, r_d]), dh)
             dc_new = s.mul(dc_t, f)
             if mask is not None:
                 dh_new, dc_new = s.b.op1("Where", [keep, dh_new, dh]), s.b.op1("Where", [keep, dc_new, dc])
@@ -346,5 +350,200 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     if outputs["dX"]:
         e.emit("Identity", [e.add(*results["dX"])], outputs["dX"], io)
     for role in ("dW", "dR", "dB", "dH0", "dC0", "dP"):
+        if outputs[role]:
+            e.stack(results[role], 0, outputs[role], io)
+
+
+# -- GRUTraining ----------------------------------------------------------------------------------------------------
+
+def _gru_weights(e: _Emit, r_d: str) -> tuple[str, str]:
+    """(R_zr^T [H, 2H], R_h^T [H, H]) from one direction's R [3H, H]."""
+    b = e.b
+    blocks = b.op1("Reshape", [b.op1("Transpose", [r_d], perm=[1, 0]), e.ints([0, 3, -1], "gate_blocks_t")])
+    r_zr_t = b.op1("Reshape", [e.slice(blocks, 0, 2, 1), e.ints([0, -1], "rows_view")], hint="r_zr_t")
+    return r_zr_t, e.pick(blocks, 2, 1)
+
+
+def _gru_biases(e: _Emit, b_d: str, linear_before_reset: int) -> tuple[str, str | None]:
+    """(the bias added to X W^T [3H], R_bh [H] where the reset gate multiplies it, else None)."""
+    b = e.b
+    rows = b.op1("Reshape", [b_d, e.ints([6, -1], "bias_rows")])  # Wb_z, Wb_r, Wb_h, Rb_z, Rb_r, Rb_h
+    if not linear_before_reset:
+        summed = b.op1("Add", [e.slice(rows, 0, 3, 0), e.slice(rows, 3, 6, 0)])
+        return b.op1("Reshape", [summed, e.ints([-1], "flat")]), None
+    zr = b.op1("Add", [e.slice(rows, 0, 2, 0), e.slice(rows, 3, 5, 0)])
+    joined = b.op1("Concat", [zr, e.slice(rows, 2, 3, 0)], axis=0)
+    return b.op1("Reshape", [joined, e.ints([-1], "flat")]), e.pick(rows, 5, 0)
+
+
+@register_rule("gru_training", targets=TARGETS)
+def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
+    roles = ("HAll", "HFinal", "ZRH")
+    outputs = {r: request.output(r) for r in roles}
+    if not any(outputs.values()):
+        return
+    _check_opset(b, request)
+    io = input_elem(request, "X")
+    e = _Emit(b, compute_type(io))
+    attributes = request.inference.attributes
+    linear_before_reset = int(attributes.get("linear_before_reset", 0))
+    x, w, r = (e.up(request.input(n), io) for n in ("X", "W", "R"))
+    lengths = request.input("sequence_lengths")
+    mask = _step_mask(e, _steps(e, x), lengths) if lengths else None
+    scan_outputs = [role for role in ("HAll", "ZRH") if outputs[role]]
+    per_direction: dict[str, list[str]] = {role: [] for role in roles}
+    for d, backwards in enumerate(_BACKWARDS[attributes.get("direction", "forward")]):
+        w_d, r_d = e.pick(w, d, 0), e.pick(r, d, 0)
+        projected = b.op1("MatMul", [x, b.op1("Transpose", [w_d], perm=[1, 0])], hint="x_w")
+        bias = _direction_input(e, request, "B", d, io)
+        rb_h = None
+        if bias is not None:
+            x_bias, rb_h = _gru_biases(e, bias, linear_before_reset)
+            projected = b.op1("Add", [projected, x_bias])
+        start = _direction_input(e, request, "initial_h", d, io)
+        if start is None:
+            start = _state_zeros(e, x, r)
+        if linear_before_reset:
+            weights = [b.op1("Transpose", [r_d], perm=[1, 0], hint="r_t")] + ([rb_h] if rb_h else [])
+        else:
+            weights = list(_gru_weights(e, r_d))
+
+        def step(s: _Emit, state: list[str], scanned: list[str], weights: list[str]):
+            (h,) = state
+            x_z, x_r, x_h = s.gates(scanned[0], 3)
+            if linear_before_reset:
+                h_z, h_r, h_h = s.gates(s.b.op1("MatMul", [h, weights[0]]), 3)
+                if len(weights) > 1:
+                    h_h = s.add(h_h, weights[1])
+            else:
+                h_z, h_r = s.gates(s.b.op1("MatMul", [h, weights[0]]), 2)
+            z, reset = s.b.op1("Sigmoid", [s.add(x_z, h_z)]), s.b.op1("Sigmoid", [s.add(x_r, h_r)])
+            if linear_before_reset:
+                candidate = s.b.op1("Tanh", [s.add(x_h, s.mul(reset, h_h))])
+            else:
+                candidate = s.b.op1("Tanh", [s.add(x_h, s.b.op1("MatMul", [s.mul(reset, h), weights[1]]))])
+            h_new = s.add(s.mul(s.one_minus(z), candidate), s.mul(z, h))
+            values = {"HAll": h_new}
+            if "ZRH" in scan_outputs:
+                values["ZRH"] = s.b.op1("Concat", [z, reset, candidate], axis=1)
+            outs = [values[role] for role in scan_outputs]
+            if mask is None:
+                return [h_new], outs
+            keep, zero = scanned[1], s.scalar(0.0, "zero")
+            return [s.b.op1("Where", [keep, h_new, h])], [s.b.op1("Where", [keep, v, zero]) for v in outs]
+
+        scans = [projected] + ([f"mask:{mask}"] if mask else [])
+        finals, stacked = _scan(e, "gru_forward", [start], scans, step, len(scan_outputs), backwards, weights)
+        per_direction["HFinal"].append(finals[0])
+        for role, value in zip(scan_outputs, stacked, strict=True):
+            per_direction[role].append(value)
+    for role in roles:
+        if outputs[role]:
+            e.stack(per_direction[role], 0 if role == "HFinal" else 1, outputs[role], io)
+
+
+# -- GRUGrad --------------------------------------------------------------------------------------------------------
+
+@register_rule("gru_grad", targets=TARGETS)
+def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
+    roles = ("dX", "dW", "dR", "dB", "dH0")
+    outputs = {r: request.output(r) for r in roles}
+    if not any(outputs.values()):
+        return
+    _check_opset(b, request)
+    io = input_elem(request, "X")
+    e = _Emit(b, compute_type(io))
+    attributes = request.inference.attributes
+    linear_before_reset = int(attributes.get("linear_before_reset", 0))
+    x, w, r = (e.up(request.input(n), io) for n in ("X", "W", "R"))
+    h_all, gates = (e.up(request.input(n), io) for n in ("HAll", "ZRH"))
+    d_h_all = request.input("dHAll")
+    d_h_all = None if d_h_all is None else e.up(d_h_all, io)
+    lengths = request.input("sequence_lengths")
+    steps = _steps(e, x) if lengths else None
+    mask = _step_mask(e, steps, lengths) if lengths else None
+    results: dict[str, list[str]] = {role: [] for role in roles}
+    zeros = None
+    for d, backwards in enumerate(_BACKWARDS[attributes.get("direction", "forward")]):
+        w_d, r_d = e.pick(w, d, 0), e.pick(r, d, 0)
+        starts = []
+        for role in ("dHFinal", "initial_h"):
+            value = _direction_input(e, request, role, d, io)
+            if value is None:
+                zeros = zeros or _state_zeros(e, x, r)
+                value = zeros
+            starts.append(value)
+        start, initial = starts
+        h_d, gates_d = e.pick(h_all, d, 1), e.pick(gates, d, 1)
+        keep_prev = _step_mask(e, steps, lengths, 1) if lengths and backwards else None
+        h_prev = _previous(e, h_d, initial, backwards, keep_prev)
+        r_zr_t, r_h_t = _gru_weights(e, r_d)
+        r_zr, r_h = (b.op1("Transpose", [v], perm=[1, 0]) for v in (r_zr_t, r_h_t))
+        scans = [gates_d, h_prev]
+        if linear_before_reset:  # q = h_prev R_h^T + Rb_h, for all steps at once
+            q = b.op1("MatMul", [h_prev, r_h_t], hint="q")
+            bias = _direction_input(e, request, "B", d, io)
+            if bias is not None:
+                q = b.op1("Add", [q, _gru_biases(e, bias, 1)[1]])
+            scans.append(q)
+        if d_h_all is not None:
+            scans.append(e.pick(d_h_all, d, 1))
+        if mask is not None:
+            scans.append(f"mask:{mask}")
+
+        def step(s: _Emit, state: list[str], scanned: list[str], weights: list[str]):
+            (dh,) = state
+            r_zr, r_h = weights
+            gates_t, h_prev_t = scanned[:2]
+            rest = scanned[2:]
+            q_t = rest.pop(0) if linear_before_reset else None
+            dh_t = dh if d_h_all is None else s.add(dh, rest.pop(0))
+            if mask is not None:
+                keep = rest.pop(0)
+                dh_t = s.b.op1("Where", [keep, dh_t, s.scalar(0.0, "zero")])
+            z, reset, candidate = s.gates(gates_t, 3)
+            a_h = s.mul(dh_t, s.one_minus(z), s.one_minus(s.mul(candidate, candidate)))
+            a_z = s.mul(dh_t, s.b.op1("Sub", [h_prev_t, candidate]), z, s.one_minus(z))
+            if linear_before_reset:
+                a_r = s.mul(a_h, q_t, reset, s.one_minus(reset))
+                through_reset = s.b.op1("MatMul", [s.mul(a_h, reset), r_h])
+            else:
+                g = s.b.op1("MatMul", [a_h, r_h])
+                a_r = s.mul(g, h_prev_t, reset, s.one_minus(reset))
+                through_reset = s.mul(g, reset)
+            a_zr = s.b.op1("Concat", [a_z, a_r], axis=1)
+            dh_new = s.like(s.add(s.mul(dh_t, z), s.b.op1("MatMul", [a_zr, r_zr]), through_reset), dh)
+            if mask is not None:
+                dh_new = s.b.op1("Where", [keep, dh_new, dh])
+            return [dh_new], [s.b.op1("Concat", [a_zr, a_h], axis=1)]
+
+        # backpropagation runs opposite to the forward
+        finals, (da,) = _scan(e, "gru_backward", [start], scans, step, 1, not backwards, [r_zr, r_h])
+        results["dH0"].append(finals[0])
+        if outputs["dX"]:
+            results["dX"].append(b.op1("MatMul", [da, w_d], hint="dx"))
+        if outputs["dW"]:
+            da_t = b.op1("Transpose", [da], perm=[0, 2, 1], hint="da_t")
+            results["dW"].append(e.reduce("ReduceSum", b.op1("MatMul", [da_t, x]), (0,), keepdims=0))
+        if outputs["dR"] or outputs["dB"]:
+            blocks = b.op1("Reshape", [da, e.ints([0, 0, 3, -1], "gate_blocks_all")])
+            da_zr = b.op1("Reshape", [e.slice(blocks, 0, 2, 2), e.ints([0, 0, -1], "zr_view")])
+            da_h = e.pick(blocks, 2, 2)
+            reset = e.pick(b.op1("Reshape", [gates_d, e.ints([0, 0, 3, -1], "gate_blocks_all")]), 1, 2)
+            if linear_before_reset:  # the h rows see a_h r against h_prev
+                da_h = b.op1("Mul", [da_h, reset])
+                h_rows_of = h_prev
+            else:  # ... or a_h against r h_prev
+                h_rows_of = b.op1("Mul", [reset, h_prev])
+        if outputs["dR"]:
+            zr_rows = b.op1("MatMul", [b.op1("Transpose", [da_zr], perm=[0, 2, 1]), h_prev])
+            h_rows = b.op1("MatMul", [b.op1("Transpose", [da_h], perm=[0, 2, 1]), h_rows_of])
+            results["dR"].append(e.reduce("ReduceSum", b.op1("Concat", [zr_rows, h_rows], axis=1), (0,), keepdims=0))
+        if outputs["dB"]:
+            results["dB"].append(b.op1("Concat", [e.reduce("ReduceSum", v, (0, 1), keepdims=0)
+                                                  for v in (da, da_zr, da_h)], axis=0))
+    if outputs["dX"]:
+        e.emit("Identity", [e.add(*results["dX"])], outputs["dX"], io)
+    for role in ("dW", "dR", "dB", "dH0"):
         if outputs[role]:
             e.stack(results[role], 0, outputs[role], io)

@@ -1,4 +1,5 @@
-"""onnxruntime-training's recurrent ops: ``LSTMTraining`` and ``LSTMGrad`` (``specs/com.microsoft/``, notes
+"""onnxruntime-training's recurrent ops: ``LSTMTraining``, ``LSTMGrad``, ``GRUTraining``, ``GRUGrad``
+(``specs/com.microsoft/``, notes
 C1..C6). Every argument's shape is a pattern over the sizes S (steps), D (directions), N (batch), I (input),
 H (hidden); the rule binds the sizes from whichever argument knows them and names the first that disagrees."""
 
@@ -19,7 +20,15 @@ LSTM_SHAPES = {
     "dX": _X, "dW": (("D", 1), ("H", 4), ("I", 1)), "dR": (("D", 1), ("H", 4), ("H", 1)),
     "dB": (("D", 1), ("H", 8)), "dH0": _STATE, "dC0": _STATE, "dP": (("D", 1), ("H", 3)),
 }
+GRU_SHAPES = {
+    "X": _X, "W": (("D", 1), ("H", 3), ("I", 1)), "R": (("D", 1), ("H", 3), ("H", 1)), "B": (("D", 1), ("H", 6)),
+    "sequence_lengths": (("N", 1),), "initial_h": _STATE, "HAll": _ALL, "HFinal": _STATE,
+    "ZRH": (("S", 1), ("D", 1), ("N", 1), ("H", 3)), "dHAll": _ALL, "dHFinal": _STATE,
+    "dX": _X, "dW": (("D", 1), ("H", 3), ("I", 1)), "dR": (("D", 1), ("H", 3), ("H", 1)), "dB": (("D", 1), ("H", 6)),
+    "dH0": _STATE,
+}
 LSTM_ACTIVATIONS = ("Sigmoid", "Tanh", "Tanh")
+GRU_ACTIVATIONS = ("Sigmoid", "Tanh")
 DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
 
 
@@ -71,7 +80,7 @@ def _output_shape(pattern, sizes: dict[str, Dim]) -> tuple[Dim, ...]:
     return tuple(out)
 
 
-def _recurrent(ctx: NodeContext, activations: tuple[str, ...]) -> RuleResult:
+def _recurrent(ctx: NodeContext, activations: tuple[str, ...], shapes=LSTM_SHAPES) -> RuleResult:
     direction = ctx.attributes.get("direction", "forward")
     directions = DIRECTIONS[direction]
     sizes: dict[str, Dim] = {"D": directions}
@@ -89,18 +98,18 @@ def _recurrent(ctx: NodeContext, activations: tuple[str, ...]) -> RuleResult:
                         f"kernel has none)", ctx.constraint_label(["clip"]))
     for arg in ctx.input_args:
         name = arg.name
-        if name in LSTM_SHAPES and ctx.has_input(name):
+        if name in shapes and ctx.has_input(name):
             t = ctx.input_type(name)
             if name == "W" and t is not None and t.shape is not None and len(t.shape) == 3 \
                     and isinstance(t.shape[0], int) and t.shape[0] != directions:
                 raise ctx.error(f"W has shape {format_shape(t.shape)}; direction {direction!r} needs "
                                 f"{directions} direction(s) on axis 0", _label(ctx, "W"))
-            _bind(ctx, name, None if t is None else t.shape, LSTM_SHAPES[name], sizes)
+            _bind(ctx, name, None if t is None else t.shape, shapes[name], sizes)
     for arg in ctx.output_args:
         if ctx.has_output(arg.name):
             current = ctx.output_type(arg.name)
             ctx.set_output_type(arg.name, TensorType(None if current is None else current.elem_type,
-                                                     _output_shape(LSTM_SHAPES[arg.name], sizes)))
+                                                     _output_shape(shapes[arg.name], sizes)))
     return RuleResult(roles=bound_roles(ctx), rank=3)
 
 
@@ -112,3 +121,13 @@ def lstm_training(ctx: NodeContext) -> RuleResult:
 @register_rule("lstm_grad")
 def lstm_grad(ctx: NodeContext) -> RuleResult:
     return _recurrent(ctx, LSTM_ACTIVATIONS)
+
+
+@register_rule("gru_training")
+def gru_training(ctx: NodeContext) -> RuleResult:
+    return _recurrent(ctx, GRU_ACTIVATIONS, GRU_SHAPES)
+
+
+@register_rule("gru_grad")
+def gru_grad(ctx: NodeContext) -> RuleResult:
+    return _recurrent(ctx, GRU_ACTIVATIONS, GRU_SHAPES)

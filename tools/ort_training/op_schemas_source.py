@@ -132,6 +132,23 @@ SCHEMAS = {
         note="no B (the gates in iofc hold it) and no P input: the gradient is that of an LSTM without "
              "peepholes, dP at P = 0 (fixture ops/LSTMGrad/peepholes)",
         type_constraints={"T": ["tensor(float)"], "TInt32": ["tensor(int32)"]}),
+    "com.microsoft::GRUTraining": dict(
+        since_version=1,
+        inputs=io(("X", "T", S), ("W", "T", S), ("R", "T", S), ("B", "T", OPT), ("SL", "TInt32", OPT),
+                  ("Ht0", "T", OPT)),
+        outputs=io(("HAll", "T", OPT), ("HFinal", "T", OPT), ("ZRH", "T", OPT)),
+        attributes=attrs(**RNN_ATTRS, linear_before_reset=("INT", False, 0)),
+        note="names as in the issue's signature; the 1.19.2 CPU kernel runs only direction forward, f32, no SL; "
+             "the fixture ops/GRUTraining shows HAll [S,D,N,H] and ZRH [S,D,N,3H] after activations, order z,r,h",
+        type_constraints={"T": ["tensor(float)"], "TInt32": ["tensor(int32)"]}),
+    "com.microsoft::GRUGrad": dict(
+        since_version=1,
+        inputs=io(("X", "T", S), ("W", "T", S), ("R", "T", S), ("B", "T", OPT), ("SL", "TInt32", OPT),
+                  ("Ht0", "T", OPT), ("HAll", "T", S), ("ZRH", "T", S), ("dHAll", "T", OPT), ("dHFinal", "T", OPT)),
+        outputs=io(("dX", "T", OPT), ("dW", "T", OPT), ("dR", "T", OPT), ("dB", "T", OPT), ("dH0", "T", OPT)),
+        attributes=attrs(**RNN_ATTRS, linear_before_reset=("INT", False, 0)),
+        note="B is read for linear_before_reset 1 (the reset gate multiplies h R_h^T + Rb_h)",
+        type_constraints={"T": ["tensor(float)"], "TInt32": ["tensor(int32)"]}),
 }
 
 if __name__ == "__main__":

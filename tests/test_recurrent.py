@@ -1,4 +1,5 @@
-"""onnxruntime-training's recurrent ops, LSTMTraining and LSTMGrad (issue 20): the parsed schemas, one failing
+"""onnxruntime-training's recurrent ops, LSTMTraining, LSTMGrad, GRUTraining and GRUGrad (issue 20): the parsed
+schemas, one failing
 check per spec constraint, the lowering (a Scan per direction) against the float64 reference of
 runtime.reference_recurrent across directions, sequence lengths, given/absent initial states and biases,
 peepholes, hidden size != input size and dtypes, only the requested outputs computed, finite differences of the
@@ -35,7 +36,11 @@ GRAD_IN = ("X", "W", "R", "sequence_lengths", "initial_h", "initial_c", "HAll", 
            "dCFinal")
 GRAD_OUT = ("dX", "dW", "dR", "dB", "dH0", "dC0", "dP")
 RANK = {"HAll": 4, "CAll": 4, "iofc": 4, "HFinal": 3, "CFinal": 3, "dX": 3, "dW": 3, "dR": 3, "dB": 2, "dH0": 3,
-        "dC0": 3, "dP": 2}
+        "dC0": 3, "dP": 2, "ZRH": 4}
+GRU_IN = ("X", "W", "R", "B", "sequence_lengths", "initial_h")
+GRU_OUT = ("HAll", "HFinal", "ZRH")
+GRU_GRAD_IN = ("X", "W", "R", "B", "sequence_lengths", "initial_h", "HAll", "ZRH", "dHAll", "dHFinal")
+GRU_GRAD_OUT = ("dX", "dW", "dR", "dB", "dH0")
 
 
 def _model(op: str, feeds: dict, in_order, outputs, attrs: dict, elem=F32, opset=17) -> onnx.ModelProto:
@@ -317,7 +322,7 @@ def test_reference_gradient_matches_finite_differences(direction, lengths):
 
 # -- onnxruntime-training's recorded cases -------------------------------------------------------------------------
 
-RECORDED = recorded_cases("LSTMTraining", "LSTMGrad")
+RECORDED = recorded_cases("LSTMTraining", "LSTMGrad", "GRUTraining", "GRUGrad")
 
 
 def _recorded(case):
@@ -329,7 +334,8 @@ def _recorded(case):
 
 
 def test_recorded_cases_cover_both_ops():
-    assert {c["op_type"] for c in RECORDED} == {"LSTMTraining", "LSTMGrad"} and len(RECORDED) >= 9
+    assert {c["op_type"] for c in RECORDED} == {"LSTMTraining", "LSTMGrad", "GRUTraining", "GRUGrad"}
+    assert len(RECORDED) >= 17
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -354,17 +360,28 @@ def test_reference_evaluator_matches_onnxruntime_training(case):
 # -- the portable form in other runtimes ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino", "tract", "reference"])
-@pytest.mark.parametrize("op", ["LSTMTraining", "LSTMGrad"])
+@pytest.mark.parametrize("op", ["LSTMTraining", "LSTMGrad", "GRUTraining", "GRUGrad"])
 def test_portable_form_runs_in_every_runtime(op, runtime, tmp_path):
     rng = np.random.default_rng(8)
-    fwd = _lstm_inputs(rng, directions=2, lengths=[3, 1, 4])
+    attrs = {"direction": "bidirectional"}
+    if op.startswith("LSTM"):
+        fwd = _lstm_inputs(rng, directions=2, lengths=[3, 1, 4])
+    else:
+        fwd = _gru_inputs(rng, directions=2, lengths=[3, 1, 4])
+        attrs["linear_before_reset"] = 1
     if op == "LSTMTraining":
         feeds, in_order, outputs = fwd, LSTM_IN, LSTM_OUT
         want = ref.lstm_training(*(fwd[n] for n in LSTM_IN), direction="bidirectional")
-    else:
+    elif op == "LSTMGrad":
         feeds, in_order, outputs = _grad_feeds(rng, fwd, "bidirectional"), GRAD_IN, GRAD_OUT
         want = ref.lstm_grad(*(feeds[n] for n in GRAD_IN), direction="bidirectional")
-    model = _lowered(_model(op, feeds, in_order, outputs, {"direction": "bidirectional"}), "portable")
+    elif op == "GRUTraining":
+        feeds, in_order, outputs = fwd, GRU_IN, GRU_OUT
+        want = ref.gru_training(*(fwd[n] for n in GRU_IN), direction="bidirectional", linear_before_reset=1)
+    else:
+        feeds, in_order, outputs = _gru_grad_feeds(rng, fwd, "bidirectional", 1), GRU_GRAD_IN, GRU_GRAD_OUT
+        want = ref.gru_grad(*(feeds[n] for n in GRU_GRAD_IN), direction="bidirectional", linear_before_reset=1)
+    model = _lowered(_model(op, feeds, in_order, outputs, attrs), "portable")
     used = {n.op_type for n in model.graph.node} | {
         m.op_type for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH
         for m in a.g.node}
@@ -372,3 +389,148 @@ def test_portable_form_runs_in_every_runtime(op, runtime, tmp_path):
     got = _run_any(runtime, model, {k: v for k, v in feeds.items() if v is not None}, tmp_path)
     for name in outputs:
         _close(np.asarray(got[name]), want[name], 1e-5, f"{runtime} {name}")
+
+
+# -- GRU -----------------------------------------------------------------------------------------------------------
+
+def _gru_inputs(rng, steps=4, batch=3, inputs=5, hidden=3, directions=1, bias=True, state=True, lengths=None,
+                elem=F32) -> dict:
+    dt = NP[elem]
+
+    def rand(*shape, scale=1.0):
+        return (scale * rng.standard_normal(shape)).astype(dt)
+
+    return {"X": rand(steps, batch, inputs), "W": rand(directions, 3 * hidden, inputs, scale=0.5),
+            "R": rand(directions, 3 * hidden, hidden, scale=0.5),
+            "B": rand(directions, 6 * hidden, scale=0.5) if bias else None,
+            "sequence_lengths": None if lengths is None else np.array(lengths, np.int32),
+            "initial_h": rand(directions, batch, hidden) if state else None}
+
+
+def _gru_grad_feeds(rng, fwd_feeds: dict, direction: str, linear_before_reset: int, d_all=True, d_h=True) -> dict:
+    dt = fwd_feeds["X"].dtype
+    fwd = ref.gru_training(*(fwd_feeds[n] for n in GRU_IN), direction=direction,
+                           linear_before_reset=linear_before_reset)
+    feeds = {n: fwd_feeds[n] for n in ("X", "W", "R", "B", "sequence_lengths", "initial_h")}
+    feeds.update({n: fwd[n].astype(dt) for n in ("HAll", "ZRH")})
+    feeds["dHAll"] = rng.standard_normal(fwd["HAll"].shape).astype(dt) if d_all else None
+    feeds["dHFinal"] = rng.standard_normal(fwd["HFinal"].shape).astype(dt) if d_h else None
+    return feeds
+
+
+def test_gru_schemas_parsed_from_the_specs():
+    registry = load_schemas()
+    fwd = registry.get(MS, "GRUTraining").schema
+    assert [(a.name, a.optional) for a in fwd.inputs] == [
+        ("X", False), ("W", False), ("R", False), ("B", True), ("sequence_lengths", True), ("initial_h", True)]
+    assert [a.name for a in fwd.outputs] == list(GRU_OUT)
+    lbr = {a.name: a for a in fwd.attributes}["linear_before_reset"]
+    assert lbr.default == 0 and lbr.allowed_values == (0, 1)
+    grad = registry.get(MS, "GRUGrad").schema
+    assert [(a.name, a.optional) for a in grad.inputs] == [
+        ("X", False), ("W", False), ("R", False), ("B", True), ("sequence_lengths", True), ("initial_h", True),
+        ("HAll", False), ("ZRH", False), ("dHAll", True), ("dHFinal", True)]
+    assert [a.name for a in grad.outputs] == list(GRU_GRAD_OUT)
+    assert [c.label for c in grad.constraints] == [f"C{i}" for i in range(1, 7)]
+    assert rule_targets("gru_training") == TARGETS and rule_targets("gru_grad") == TARGETS
+
+
+@pytest.mark.parametrize("op, edit, attrs, message", [
+    ("GRUTraining", lambda f: f.update(W=f["W"][:, :6]), None, "W has shape [1,6,5]; expected [1,9,5]"),
+    ("GRUTraining", lambda f: f.update(B=f["B"][:, :9]), None, "B has shape [1,9]; expected [1,18]"),
+    ("GRUTraining", lambda f: f.update(initial_h=f["initial_h"][:, :2]), None, "initial_h has shape [1,2,3]"),
+    ("GRUTraining", lambda f: None, {"hidden_size": 2}, "W has shape [1,9,5]; expected [1,6,5]"),
+    ("GRUTraining", lambda f: None, {"linear_before_reset": 2}, "attribute 'linear_before_reset' is 2"),
+    ("GRUTraining", lambda f: None, {"clip": 3.0}, "clip is 3.0; cell clipping is not supported"),
+    ("GRUGrad", lambda f: f.update(ZRH=f["ZRH"][..., :6]), None, "ZRH has shape [4,1,3,6]; expected [4,1,3,9]"),
+    ("GRUGrad", lambda f: f.update(dHFinal=f["dHFinal"][:, :1]), None, "dHFinal has shape [1,1,3]"),
+])
+def test_gru_constraint(op, edit, attrs, message):
+    rng = np.random.default_rng(9)
+    feeds = _gru_inputs(rng)
+    if op == "GRUGrad":
+        feeds = _gru_grad_feeds(rng, feeds, "forward", 0)
+    edit(feeds)
+    names = (GRU_IN, GRU_OUT) if op == "GRUTraining" else (GRU_GRAD_IN, GRU_GRAD_OUT)
+    with pytest.raises(VerificationError) as info:
+        verify_model(_model(op, feeds, *names, {"hidden_size": 3, **(attrs or {})}))
+    assert message in str(info.value) and f"{op} '{op.lower()}'" in str(info.value)
+
+
+GRU_CASES = [  # direction, lengths, bias, initial state, linear_before_reset, elem
+    ("forward", None, True, True, 1, F32),
+    ("forward", None, False, False, 0, F64),
+    ("forward", [4, 2, 1], True, True, 0, F32),
+    ("reverse", None, True, False, 1, F32),
+    ("reverse", [2, 4, 3], True, True, 1, F64),
+    ("bidirectional", None, True, True, 0, F32),
+    ("bidirectional", [3, 1, 4], False, True, 1, F32),
+    ("bidirectional", [1, 4, 2], True, False, 0, F64),
+]
+
+
+def _gru_id(case):
+    direction, lengths, bias, state, lbr, elem = case
+    return "-".join([direction, "lengths" if lengths else "full", "bias" if bias else "nobias",
+                     "state" if state else "nostate", f"lbr{lbr}", "f64" if elem == F64 else "f32"])
+
+
+@pytest.mark.parametrize("case", GRU_CASES, ids=_gru_id)
+def test_gru_lowering_matches_reference(case):
+    direction, lengths, bias, state, lbr, elem = case
+    rng = np.random.default_rng(10)
+    attrs = {"hidden_size": 3, "direction": direction, "linear_before_reset": lbr}
+    feeds = _gru_inputs(rng, directions=2 if direction == "bidirectional" else 1, bias=bias, state=state,
+                        lengths=lengths, elem=elem)
+    got = run_model(_lowered(_model("GRUTraining", feeds, GRU_IN, GRU_OUT, attrs, elem)),
+                    {k: v for k, v in feeds.items() if v is not None})
+    want = ref.gru_training(*(feeds[n] for n in GRU_IN), direction=direction, linear_before_reset=lbr)
+    for name in GRU_OUT:
+        _close(got[name], want[name], TOL[elem], f"{_gru_id(case)} {name}")
+    grads = _gru_grad_feeds(rng, feeds, direction, lbr, d_h=state)
+    got = run_model(_lowered(_model("GRUGrad", grads, GRU_GRAD_IN, GRU_GRAD_OUT, attrs, elem)),
+                    {k: v for k, v in grads.items() if v is not None})
+    want = ref.gru_grad(*(grads[n] for n in GRU_GRAD_IN), direction=direction, linear_before_reset=lbr)
+    for name in GRU_GRAD_OUT:
+        _close(got[name], want[name], TOL[elem] * 5, f"{_gru_id(case)} {name}")
+
+
+def test_gru_absent_outputs_are_not_computed():
+    rng = np.random.default_rng(11)
+    feeds = _gru_inputs(rng)
+    only_final = _lowered(_model("GRUTraining", feeds, GRU_IN, ["", "HFinal"], {"linear_before_reset": 1}))
+    scan = next(n for n in only_final.graph.node if n.op_type == "Scan")
+    assert len(scan.output) == 3  # the final h and the two weights passed through; no stacked HAll or ZRH
+    grads = _gru_grad_feeds(rng, feeds, "forward", 1)
+    only_dh0 = _lowered(_model("GRUGrad", grads, GRU_GRAD_IN, ["", "", "", "", "dH0"], {"linear_before_reset": 1}))
+    assert "ReduceSum" not in _op_counts(only_dh0)
+    got = run_model(only_dh0, {k: v for k, v in grads.items() if v is not None})
+    _close(got["dH0"], ref.gru_grad(*(grads[n] for n in GRU_GRAD_IN), linear_before_reset=1)["dH0"], TOL[F32], "dH0")
+
+
+@pytest.mark.parametrize("lbr", [0, 1])
+def test_gru_reference_gradient_matches_finite_differences(lbr):
+    """GRUGrad's reference against central differences of sum(HAll*gH) + sum(HFinal*gh) of GRUTraining's
+    reference, bidirectional with sequence lengths."""
+    rng = np.random.default_rng(12)
+    feeds = {k: (None if v is None else v.astype(np.float64) if v.dtype != np.int32 else v) for k, v in
+             _gru_inputs(rng, steps=3, batch=3, inputs=2, hidden=2, directions=2, lengths=[3, 1, 2]).items()}
+    kw = {"direction": "bidirectional", "linear_before_reset": lbr}
+    fwd = ref.gru_training(*(feeds[n] for n in GRU_IN), **kw)
+    g_all, g_h = rng.standard_normal(fwd["HAll"].shape), rng.standard_normal(fwd["HFinal"].shape)
+
+    def loss():
+        out = ref.gru_training(*(feeds[n] for n in GRU_IN), **kw)
+        return float((out["HAll"] * g_all).sum() + (out["HFinal"] * g_h).sum())
+
+    grads = ref.gru_grad(*(feeds[n] for n in GRU_IN), fwd["HAll"], fwd["ZRH"], g_all, g_h, **kw)
+    for grad, name in (("dX", "X"), ("dW", "W"), ("dR", "R"), ("dB", "B"), ("dH0", "initial_h")):
+        value, numeric = feeds[name], np.zeros_like(feeds[name])
+        for index in itertools.product(*map(range, value.shape)):
+            keep = value[index]
+            value[index] = keep + 1e-6
+            up = loss()
+            value[index] = keep - 1e-6
+            numeric[index] = (up - loss()) / 2e-6
+            value[index] = keep
+        np.testing.assert_allclose(grads[grad], numeric, atol=1e-7, err_msg=grad)

@@ -9,7 +9,7 @@ from lowering.builder import NodeBuilder
 
 _NP_OF = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64}
 # Opset from which a reduction takes ``axes`` as an input instead of an attribute.
-AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceSumSquare": 18}
+AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceSumSquare": 18, "ReduceMax": 18}
 
 
 def compute_type(*types: int) -> int:

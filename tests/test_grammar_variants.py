@@ -283,6 +283,34 @@ def test_opset_attributes_label_and_first_bullet_on_one_line():
     assert expected.warnings == ()
 
 
+@pytest.mark.parametrize("label", ["**Attributes**:", "**Attributes**"])
+def test_opset_attributes_label_and_first_bullet_without_a_space_parse_like_the_spaced_form(label):
+    # "**Attributes**:* *axis*" with the properties indented two spaces under that first item (issue 23)
+    s = parse(opset_doc(label + ATTRIBUTE_LIST), "opset_v0")
+    spaced = parse(opset_doc(label + " " + ATTRIBUTE_LIST), "opset_v0")
+    assert attrs(s.attributes) == [("axis", "s64", False, 1), ("mode", "string", True, None)]
+    assert s.attribute("axis").description == "the axis."
+    assert s.attribute("mode").allowed_values == ("up", "down")
+    assert args(s.inputs) == [("input", False, "T1")] and args(s.outputs) == [("output", False, "T2")]
+    assert s == spaced
+    assert warned(s) == [(11, f"{label} and its first item share a line (a lost line break); read as a label and "
+                              "a list")]
+
+
+def test_opset_single_attribute_on_the_label_line_without_a_space():
+    # once "expected an attribute item '* *name*', got 'Description: the axis.'": the indented properties
+    # were read as the list of attributes
+    one = ATTRIBUTE_LIST.split("\n\n    * *mode*")[0]
+    s = parse(opset_doc("**Attributes**:" + one), "opset_v0")
+    assert attrs(s.attributes) == [("axis", "s64", False, 1)]
+    assert s.attribute("axis").description == "the axis."
+    assert warned(s) == [(11, "**Attributes**: and its first item share a line (a lost line break); read as a "
+                              "label and a list")]
+    broken = parse(opset_doc("**Attributes**:\n\n    " + one), "opset_v0")
+    assert (s.attributes, s.inputs, s.outputs) == (broken.attributes, broken.inputs, broken.outputs)
+    assert broken.warnings == ()
+
+
 def test_opset_attributes_label_over_an_indented_sentence_means_no_attributes():
     s = parse(opset_doc("**Attributes**:\n\n      No attributes available."), "opset_v0")
     assert s.attributes == ()
@@ -501,3 +529,94 @@ def test_onednn_markdown_heading_without_a_blank_line_after_it_stays_text_with_a
     assert s.description.startswith("## General Pow raises")
     assert [a.name for a in s.attributes] == ["beta", "alpha"]
     assert warned(s)[0] == (6, "Markdown heading '## General' has no blank line after it; read as text")
+
+
+NGRAPH_QUALIFIED = """\
+    ##########
+    ScatterAdd
+    ##########
+
+    Description
+    ===========
+
+    Adds updates into a tensor at the given indices.
+
+    Inputs{inputs}
+    ------{inputs_rule}
+
+    +-----------------+-------------------------+--------------------------------+
+    | Name            | Element Type            | Shape                          |
+    +=================+=========================+================================+
+    | ``inputs``      | real                    | Any                            |
+    +-----------------+-------------------------+--------------------------------+
+    | ``indices``     | element::i64            | Any                            |
+    +-----------------+-------------------------+--------------------------------+
+    | ``updates``     | same as ``inputs``      | Any                            |
+    +-----------------+-------------------------+--------------------------------+
+
+    Attributes{attributes}
+    ----------{attributes_rule}
+
+    +-----------------+-------------------------+--------------------------------+
+    | Name            | Type                    | Notes                          |
+    +=================+=========================+================================+
+    | ``axis``        | ``size_t``              | default: 0                     |
+    +-----------------+-------------------------+--------------------------------+
+
+    Outputs{outputs}
+    -------{outputs_rule}
+
+    +-----------------+-------------------------+--------------------------------+
+    | Name            | Element Type            | Shape                          |
+    +=================+=========================+================================+
+    | ``output``      | same as ``inputs``      | same as ``inputs``             |
+    +-----------------+-------------------------+--------------------------------+
+
+    C++ Interface
+    =============
+
+    .. doxygenclass:: ngraph::op::v3::ScatterAdd
+       :project: ngraph
+       :members:
+"""
+
+
+def ngraph_qualified(inputs: str = "", attributes: str = "", outputs: str = "") -> str:
+    return NGRAPH_QUALIFIED.format(inputs=inputs, inputs_rule="-" * len(inputs), attributes=attributes,
+                                   attributes_rule="-" * len(attributes), outputs=outputs,
+                                   outputs_rule="-" * len(outputs))
+
+
+def test_ngraph_section_heading_with_a_qualifier_reads_as_its_section_with_a_warning():
+    s = parse(ngraph_qualified(outputs=" (in place)"), "ngraph")
+    assert (s.name, s.version) == ("ScatterAdd", 3)
+    assert [(a.name, a.type_var, a.shape) for a in s.inputs] == [
+        ("inputs", "T1", "Any"), ("indices", "T2", "Any"), ("updates", "T1", "Any")]
+    assert [(a.name, a.type_var, a.shape) for a in s.outputs] == [("output", "T1", "same as ``inputs``")]
+    assert s.type_constraints == (("T1", ("f32", "f16", "bf16", "f64")), ("T2", ("s64",)))
+    assert attrs(s.attributes) == [("axis", "s64", False, 0)]
+    assert warned(s) == [(32, "section heading 'Outputs (in place)' has the qualifier 'in place'; read as the "
+                              "section 'Outputs'")]
+    plain = parse(ngraph_qualified(), "ngraph")
+    assert plain.warnings == ()
+    assert s.inputs == plain.inputs and s.outputs == plain.outputs and s.attributes == plain.attributes
+
+
+def test_ngraph_inputs_and_attributes_headings_with_qualifiers_and_a_colon():
+    s = parse(ngraph_qualified(" (in place)", " (optional):", " (in place)"), "ngraph")
+    plain = parse(ngraph_qualified(), "ngraph")
+    assert (s.inputs, s.outputs, s.attributes, s.type_constraints) == (
+        plain.inputs, plain.outputs, plain.attributes, plain.type_constraints)
+    assert [i.name for i in s.inputs] == ["inputs", "indices", "updates"]
+    assert warned(s) == [
+        (10, "section heading 'Inputs (in place)' has the qualifier 'in place'; read as the section 'Inputs'"),
+        (23, "section heading 'Attributes (optional):' has the qualifier 'optional'; read as the section "
+             "'Attributes'"),
+        (32, "section heading 'Outputs (in place)' has the qualifier 'in place'; read as the section 'Outputs'"),
+    ]
+
+
+def test_ngraph_heading_with_a_qualifier_on_another_section_is_not_an_argument_section():
+    text = ngraph_qualified().replace("    Outputs\n    -------\n", "    Examples (outputs)\n    ------------------\n")
+    s = parse(text, "ngraph")
+    assert s.outputs == () and s.warnings == ()

@@ -1,4 +1,4 @@
-"""The package layout the README's "Layout" section describes: imports only go down the layers
+"""The package layout docs/layout.md describes: imports only go down the layers
 (opdef <- runtime <- lowering), no import cycles between modules, and every package is shipped.
 
 Imports are read from the source (module-level and function-level alike), so a lazy import inside a

@@ -280,7 +280,7 @@ TUNED_REFUSALS = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_onnxruntime_target_in_other_runtimes(case, runtime, tmp_path):
     """The onnxruntime forms (Conv/ConvTranspose with runtime weights, ScatterElements) where the runtime
-    takes them: what README's Targets section says about them."""
+    takes them: what docs/targets.md says about them."""
     model, feeds, expected, elem = CASES[case]()
     lowered = lower_model(model)
     refused = TUNED_REFUSALS.get((case, runtime)) or _refusal(runtime, elem)

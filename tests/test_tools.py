@@ -1,4 +1,4 @@
-"""The measurement scripts under tools/ that need torch (README: Numerics, Performance) at least parse their
+"""The measurement scripts under tools/ that need torch (docs/numerics.md, docs/performance.md) at least parse their
 arguments and import against the current package without it, so they do not rot between measurements."""
 
 from __future__ import annotations

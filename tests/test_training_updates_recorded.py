@@ -6,6 +6,7 @@ lowering. The lowered graphs run on plain onnxruntime; the fixtures are the grou
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -159,9 +160,13 @@ def _artifact_data(directory, meta, models):
     return {first: data["input"][None], meta["labels_input"]: data["labels"][None]}
 
 
-def _trainer(name):
+def _trainer(name, *, two_models: bool = False):
+    """The Trainer of an artifact: the train-step model (one run per step, as ``oplower train``) or, with
+    ``two_models``, the lowered training and optimizer models, whose accumulation buffers show the gradients."""
     directory = ROOT / "artifacts" / name
     models = lower_artifacts(directory)
+    if two_models:
+        models = dataclasses.replace(models, step=None)
     meta = json.loads((directory / "meta.json").read_text())
     start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")), "initial")
     trainer = Trainer(models, start, learning_rate=meta["learning_rate"])
@@ -180,17 +185,21 @@ def _close_gradients(got: dict, recorded: dict, params: list[str], tol: float = 
         assert err <= tol, f"gradient of {p}: error {err:.3g}"
 
 
+@pytest.mark.parametrize("two_models", [False, True], ids=["train_step_model", "two_models"])
 @pytest.mark.parametrize("name", ARTIFACTS)
-def test_artifact_one_train_step(name):
-    directory, meta, models, trainer = _trainer(name)
+def test_artifact_one_train_step(name, two_models):
+    directory, meta, models, trainer = _trainer(name, two_models=two_models)
     data = _artifact_data(directory, meta, models)
     recorded = dict(np.load(directory / "api_step1.npz"))
     loss = trainer.step({k: v[0] for k, v in data.items()})
     assert loss == pytest.approx(float(recorded["loss"]), rel=1e-5)
-    _close_gradients(trainer.buffers, recorded, meta["trainable_params"])
+    if two_models:
+        _close_gradients(trainer.buffers, recorded, meta["trainable_params"])
     after = dict(np.load(directory / "api_optimizer_step1.npz"))
     for p in meta["trainable_params"]:
         _close(trainer.params[p], after[f"param.{p}"], 1e-5, f"{p} after one step")
+    for p in meta["frozen_params"]:  # batch norm's running statistics, updated in place by the training API
+        _close(trainer.frozen[p], after[f"param.{p}"], 1e-5, f"{p} after one step")
 
 
 @pytest.mark.parametrize("name", ARTIFACTS)
@@ -203,8 +212,9 @@ def test_artifact_twenty_step_loss_curve(name):
 
 
 def test_readme_cnn_example_trains_like_onnxruntime_training(capsys):
-    """The README's copy-paste example: `oplower train` on the committed CNN artifact, its data.npz holding one
-    batch (arrays of the inputs' own rank, fed at every step), the losses printed per step."""
+    """The copy-paste example of the README and docs/training.md: `oplower train` on the committed CNN artifact,
+    its data.npz holding one batch (arrays of the inputs' own rank, fed at every step), the losses printed per
+    step."""
     from lowering.cli import main
 
     directory = ROOT / "artifacts" / "cnn"
@@ -259,7 +269,8 @@ def test_portable_artifacts_train_like_onnxruntime_training(name):
         assert emitted <= PORTABLE_OPS, emitted - PORTABLE_OPS
     meta = json.loads((directory / "meta.json").read_text())
     start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")), "initial")
-    trainer = Trainer(models, start, learning_rate=meta["learning_rate"])
+    # the two models (their buffers show the gradients); the train-step model is tests/test_train_step.py's
+    trainer = Trainer(dataclasses.replace(models, step=None), start, learning_rate=meta["learning_rate"])
     recorded = dict(np.load(directory / "api_step1.npz"))
     loss = trainer.step({k: v[0] for k, v in _artifact_data(directory, meta, models).items()})
     assert loss == pytest.approx(float(recorded["loss"]), rel=1e-5)
@@ -271,7 +282,7 @@ def test_portable_artifacts_train_like_onnxruntime_training(name):
 
 @pytest.mark.parametrize("name", ["cnn1d", "mlp_bce"])
 def test_lowered_optimizer_in_other_runtimes(name, tmp_path):
-    """The lowered optimizer model (one form for both targets) in the other runtimes of the README's Targets
+    """The lowered optimizer model (one form for both targets) in the other runtimes of docs/targets.md's
     table: onnx.reference runs it and gives onnxruntime's sequences; OpenVINO and tract take no model whose
     inputs are tensor sequences (asserted refusals, so a runtime that learns them shows up here)."""
     from onnx.reference import ReferenceEvaluator

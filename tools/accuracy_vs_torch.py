@@ -1,4 +1,4 @@
-"""The README's Numerics table: error / scale against float64 of the lowered batch-norm backward (f32, both
+"""The accuracy table of docs/numerics.md: error / scale against float64 of the lowered batch-norm backward (f32, both
 targets) and of torch's fused kernel on the same data, on the ResNet-50 layers of `oplower bench`.
 
 Needs torch (never a dependency; `pip install torch==2.13.0`). Never imported by the package or the tests;

@@ -13,15 +13,15 @@ import sys
 
 from opdef.errors import OplowerError
 
-COMMANDS = ("schema", "check", "lower", "run", "train", "demo", "bench")
+COMMANDS = ("schema", "check", "lower", "run", "train", "train-step", "demo", "bench", "eval")
 
 
 def _available_commands():
     for name in COMMANDS:
         try:
-            yield name, importlib.import_module(f"lowering.cli.{name}")
+            yield name, importlib.import_module(f"lowering.cli.{name.replace('-', '_')}")
         except ModuleNotFoundError as exc:
-            if exc.name != f"lowering.cli.{name}":
+            if exc.name != f"lowering.cli.{name.replace('-', '_')}":
                 raise
 
 

@@ -11,6 +11,8 @@ onnxruntime-training's kernels compute it; a false ``update_signal`` leaves ever
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
@@ -18,6 +20,7 @@ from onnx import TensorProto, helper
 from lowering.builder import NodeBuilder
 from lowering.rules import TARGETS, LoweringRequest, register_rule
 from opdef.errors import LoweringError
+from opdef.node import NodeInference
 from opdef.types import ONNX_ELEM_TYPE, sequence_element
 
 LOOP_CARRIES_SEQUENCES_SINCE = 13  # Loop-11's loop-carried values are tensors only
@@ -45,8 +48,7 @@ def lower_in_place_accumulator(b: NodeBuilder, request: LoweringRequest) -> None
 @register_rule("sgd_optimizer", targets=TARGETS)  # one form: portable ops only
 def lower_sgd_optimizer(b: NodeBuilder, request: LoweringRequest) -> None:
     def step(body: NodeBuilder, w: str, tensors: dict[str, str]) -> dict[str, str]:
-        neg_lr = body.op1("Neg", [_scalar(body, request.input("lr"), "lr")], hint="neg_lr")
-        return {"params_out": body.op1("Add", [w, body.op1("Mul", [neg_lr, tensors["gradients"]])], hint="w")}
+        return {"params_out": sgd_update(body, _scalar(body, request.input("lr"), "lr"), w, tensors["gradients"])}
 
     _sequence_loop(b, request, ("gradients",), ("params_out",), step)
     _flag(b, request, request.input("lr"))
@@ -54,53 +56,89 @@ def lower_sgd_optimizer(b: NodeBuilder, request: LoweringRequest) -> None:
 
 @register_rule("adamw_optimizer", targets=TARGETS)  # one form: portable ops only
 def lower_adamw_optimizer(b: NodeBuilder, request: LoweringRequest) -> None:
-    attrs = request.inference.attributes
-    binding = request.inference.binding
-    f32 = np.float32
-    alpha, beta, eps, decay = (float(f32(attrs[binding.arg(r)])) for r in ("alpha", "beta", "epsilon", "weight_decay"))
-    mode, correct = int(attrs[binding.arg("adam_mode")]), int(attrs[binding.arg("correct_bias")])
-    if mode not in (0, 1):
-        raise LoweringError(f"AdamWOptimizer: adam_mode {mode} is not 0 or 1")
+    settings = AdamW.of(request.inference)
 
     def step(body: NodeBuilder, w: str, tensors: dict[str, str]) -> dict[str, str]:
         # Everything the loop body uses is emitted into it (a subgraph may read the outer graph's values,
         # but the pass keeps only the outer nodes whose outputs outer nodes read); the per-step scalars are
         # a handful of scalar ops per parameter.
-        def c(value: float, hint: str = "c") -> str:
-            return body.const(np.array(value, f32), hint=hint)
-
         lr = _scalar(body, request.input("lr"), "lr")
-        if correct:
-            # 1 - a^t: the power in f64, rounded to f32 once, as onnxruntime-training's kernel does
-            t = body.op1("Cast", [_scalar(body, request.input("step"), "step")], to=TensorProto.DOUBLE)
-            c1, c2 = (body.op1("Sub", [c(1.0, "one"), body.op1("Cast", [body.op1(
-                          "Pow", [body.const(np.array(float(f32(x)), np.float64), hint="base"), t])],
-                          to=TensorProto.FLOAT)], hint=h)
-                      for x, h in ((alpha, "alpha_correction"), (beta, "beta_correction")))
-        else:
-            c1 = c2 = c(1.0, "one")
-        lr_decay = body.op1("Mul", [lr, c(decay, "weight_decay")], hint="lr_decay")
-        g, m1, m2 = tensors["gradients"], tensors["first_moments"], tensors["second_moments"]
-        m1 = body.op1("Add", [body.op1("Mul", [c(alpha, "alpha"), m1]), body.op1("Mul", [c(1 - alpha), g])],
-                      hint="m1")
-        g2 = body.op1("Mul", [g, g])
-        m2 = body.op1("Add", [body.op1("Mul", [c(beta, "beta"), m2]), body.op1("Mul", [c(1 - beta), g2])],
-                      hint="m2")
-        if mode == 0:  # PyTorch: decay first, then the bias-corrected step
-            w = body.op1("Sub", [w, body.op1("Mul", [w, lr_decay])], hint="decayed")
-            denom = body.op1("Add", [body.op1("Sqrt", [body.op1("Div", [m2, c2])]), c(eps, "epsilon")])
-            w = body.op1("Sub", [w, body.op1("Div", [body.op1("Mul", [lr, m1]), body.op1("Mul", [c1, denom])])],
-                         hint="w")
-        else:  # Hugging Face: the learning rate corrected, decay last
-            lr_corrected = body.op1("Div", [body.op1("Mul", [lr, body.op1("Sqrt", [c2])]), c1], hint="lr_corrected")
-            denom = body.op1("Add", [body.op1("Sqrt", [m2]), c(eps, "epsilon")])
-            w = body.op1("Sub", [w, body.op1("Div", [body.op1("Mul", [lr_corrected, m1]), denom])], hint="stepped")
-            w = body.op1("Sub", [w, body.op1("Mul", [lr_decay, w])], hint="w")
+        scalars = settings.step_scalars(body, lr, _scalar(body, request.input("step"), "step"))
+        w, m1, m2 = settings.update(body, lr, scalars, w, tensors["gradients"], tensors["first_moments"],
+                                    tensors["second_moments"])
         return {"params_out": w, "first_moments_out": m1, "second_moments_out": m2}
 
     _sequence_loop(b, request, ("gradients", "first_moments", "second_moments"),
                    ("params_out", "first_moments_out", "second_moments_out"), step)
     _flag(b, request, request.input("step"))
+
+
+# -- the update of one tensor (the optimizers' Loop bodies and the unrolled train-step model) ------------
+
+def sgd_update(b: NodeBuilder, lr: str, w: str, g: str) -> str:
+    """``w - lr * g`` (``lr`` a scalar)."""
+    return b.op1("Add", [w, b.op1("Mul", [b.op1("Neg", [lr], hint="neg_lr"), g])], hint="w")
+
+
+@dataclass(frozen=True)
+class AdamW:
+    """AdamWOptimizer's attributes (as f32, the kernel's arithmetic) and its update of one tensor."""
+
+    alpha: float
+    beta: float
+    epsilon: float
+    weight_decay: float
+    adam_mode: int
+    correct_bias: int
+
+    @classmethod
+    def of(cls, inference: NodeInference) -> AdamW:
+        attrs, binding = inference.attributes, inference.binding
+        f32 = np.float32
+        mode = int(attrs[binding.arg("adam_mode")])
+        if mode not in (0, 1):
+            raise LoweringError(f"AdamWOptimizer '{inference.node_name}': adam_mode {mode} is not 0 or 1")
+        return cls(*(float(f32(attrs[binding.arg(r)])) for r in ("alpha", "beta", "epsilon", "weight_decay")),
+                   mode, int(attrs[binding.arg("correct_bias")]))
+
+    def step_scalars(self, b: NodeBuilder, lr: str, step: str) -> tuple[str, str, str]:
+        """(1 - alpha^t, 1 - beta^t, lr * weight_decay) for the scalars ``lr`` and ``step``: shared by every
+        parameter of one step."""
+        f32 = np.float32
+        if self.correct_bias:
+            # 1 - a^t: the power in f64, rounded to f32 once, as onnxruntime-training's kernel does
+            t = b.op1("Cast", [step], to=TensorProto.DOUBLE)
+            one = b.const(np.array(1.0, f32), hint="one")
+            c1, c2 = (b.op1("Sub", [one, b.op1("Cast", [b.op1(
+                          "Pow", [b.const(np.array(float(f32(x)), np.float64), hint="base"), t])],
+                          to=TensorProto.FLOAT)], hint=h)
+                      for x, h in ((self.alpha, "alpha_correction"), (self.beta, "beta_correction")))
+        else:
+            c1 = c2 = b.const(np.array(1.0, f32), hint="one")
+        lr_decay = b.op1("Mul", [lr, b.const(np.array(self.weight_decay, f32), hint="weight_decay")], hint="lr_decay")
+        return c1, c2, lr_decay
+
+    def update(self, b: NodeBuilder, lr: str, scalars: tuple[str, str, str], w: str, g: str, m1: str,
+               m2: str) -> tuple[str, str, str]:
+        """The updated (weight, first moment, second moment) of one tensor."""
+        def c(value: float, hint: str = "c") -> str:
+            return b.const(np.array(value, np.float32), hint=hint)
+
+        c1, c2, lr_decay = scalars
+        alpha, beta, eps = self.alpha, self.beta, self.epsilon
+        m1 = b.op1("Add", [b.op1("Mul", [c(alpha, "alpha"), m1]), b.op1("Mul", [c(1 - alpha), g])], hint="m1")
+        g2 = b.op1("Mul", [g, g])
+        m2 = b.op1("Add", [b.op1("Mul", [c(beta, "beta"), m2]), b.op1("Mul", [c(1 - beta), g2])], hint="m2")
+        if self.adam_mode == 0:  # PyTorch: decay first, then the bias-corrected step
+            w = b.op1("Sub", [w, b.op1("Mul", [w, lr_decay])], hint="decayed")
+            denom = b.op1("Add", [b.op1("Sqrt", [b.op1("Div", [m2, c2])]), c(eps, "epsilon")])
+            w = b.op1("Sub", [w, b.op1("Div", [b.op1("Mul", [lr, m1]), b.op1("Mul", [c1, denom])])], hint="w")
+        else:  # Hugging Face: the learning rate corrected, decay last
+            lr_corrected = b.op1("Div", [b.op1("Mul", [lr, b.op1("Sqrt", [c2])]), c1], hint="lr_corrected")
+            denom = b.op1("Add", [b.op1("Sqrt", [m2]), c(eps, "epsilon")])
+            w = b.op1("Sub", [w, b.op1("Div", [b.op1("Mul", [lr_corrected, m1]), denom])], hint="stepped")
+            w = b.op1("Sub", [w, b.op1("Mul", [lr_decay, w])], hint="w")
+        return w, m1, m2
 
 
 # -- shared pieces ---------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ _ATTR_TYPES = {
     "element::type": "dtype", "ngraph::element::type": "dtype", "element_type": "dtype",
 }
 _IDENT = re.compile(r"[A-Za-z_]\w*")
+_QUALIFIED = re.compile(r"(inputs?|outputs?|attributes?)\s*\(([^()]*\S[^()]*)\)\s*:?")
 
 # ----------------------------------------------------------------------------------------------
 # dialect detection
@@ -165,16 +166,23 @@ def parse(text: str, source: str, *, include_dirs=()) -> OpSchema:
     if not _IDENT.fullmatch(name):
         raise SpecError(source, top[0].line or top.line, f"expected an op name as the title, got {name!r}")
 
+    warnings: list[SpecWarning] = []
     sections: dict[str, dn.section] = {}
     for section in tree.findall(dn.section):
-        key = _text(section[0]).lower().rstrip(":")
+        title = _text(section[0])
+        key = title.lower().rstrip(":").strip()
+        qualified = _QUALIFIED.fullmatch(key)
+        key = qualified.group(1) if qualified else key
         key = {"input": "inputs", "output": "outputs", "attribute": "attributes"}.get(key, key)
+        if qualified:  # "Outputs (in place)": the section, and the qualifier a user should see
+            warnings.append(SpecWarning(source, _title_line(text, section[0].line, title),
+                                        f"section heading {title!r} has the qualifier {qualified.group(2).strip()!r}; "
+                                        f"read as the section '{key.capitalize()}'"))
         sections.setdefault(key, section)
     tables = {key: _tables(sections[key], source) for key in ("inputs", "outputs", "attributes") if key in sections}
 
     attributes = _attributes(tables.get("attributes", []), source)
     attr_names = {a.name for a in attributes}
-    warnings: list[SpecWarning] = []
     rows_in = _argument_rows(tables.get("inputs", []), "input", source, warnings)
     rows_out = _argument_rows(tables.get("outputs", []), "output", source, warnings)
     input_names = {r["name"] for r in rows_in}
@@ -195,6 +203,15 @@ def parse(text: str, source: str, *, include_dirs=()) -> OpSchema:
         inputs=inputs, outputs=outputs, attributes=tuple(attributes), type_constraints=constraints,
         source=source, extra=tuple(extra), warnings=tuple(warnings),
     )
+
+
+def _title_line(text: str, line: int | None, title: str) -> int | None:
+    """The line of a section title's text (docutils gives its underline's)."""
+    lines = text.split("\n")
+    for k in range(min(line or 0, len(lines)), 0, -1):
+        if " ".join(lines[k - 1].split()) == title:
+            return k
+    return line
 
 
 def _text(node: dn.Node) -> str:

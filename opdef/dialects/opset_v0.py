@@ -21,8 +21,9 @@ Quirks handled here:
   ``**Detailed description:**``); type variables as ``*T*`` or ``**T**``.
 - "**Attributes**: *ReLU* operation has no attributes." (prose, no list) means no attributes, and so does
   an indented sentence under the label ("No attributes available."; a warning unless it negates).
-- "**Attributes**: * *epsilon*" (the first item on the label's line, one lost line break) is split before
-  parsing, with a warning; line numbers stay those of the source.
+- "**Attributes**: * *epsilon*" (the first item on the label's line, one lost line break; also without the
+  space, "**Attributes**:* *epsilon*") is split before parsing, with a warning; line numbers stay those of
+  the source.
 - Constraints: each sentence is read clause by clause (``;``) as "*V* can be X only when *W* is Y",
   "when *W* is Y, *V* should/must/can be X" or "*V* should be X when *W* is Y"; an implication becomes the
   equivalent :class:`TypeRule` (V outside X only when W outside Y). A sentence with any other clause is
@@ -303,7 +304,7 @@ def _marked(node: dn.Node) -> list[str]:
     return [_text(n) for n in node.findall(lambda n: isinstance(n, (dn.emphasis, dn.literal, dn.strong)))]
 
 
-_LABEL_THEN_BULLET = re.compile(r"(\*\*[A-Z][A-Za-z ]*:?\*\*:?)[ \t]+(\* \S.*)")
+_LABEL_THEN_BULLET = re.compile(r"(\*\*[A-Z][A-Za-z ]*:?\*\*:?)[ \t]*(\* \S.*)")  # "**Attributes**:* *a*" too
 
 
 def split_label_lines(text: str) -> tuple[str, list[int], list[tuple[int, str]]]:

@@ -1,0 +1,95 @@
+"""Standard ONNX ops that some runtimes lack, spelled out in :data:`lowering.rules.PORTABLE_OPS` for the
+portable target of whole training graphs (the train-step model): ``SoftmaxCrossEntropyLoss`` (tract 0.23
+has none), the forward loss of every CrossEntropyLoss artifact.
+
+``log_prob = x - max - log(sum(exp(x - max)))`` along axis 1; the loss per element is ``-w·log_prob`` at the
+label (a one-hot by Equal with the class ids), ``w`` the class weight at the label (1 without weights), 0
+where the label is ``ignore_index``; ``mean`` divides the sum by the sum of ``w`` (as ONNX defines it),
+``sum`` sums, ``none`` keeps the per-element losses.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from lowering.builder import NodeBuilder
+from lowering.emit_common import Emitter
+from lowering.graphs import default_opset
+from opdef.verify import value_types_of_graph
+
+_INT_NP = {TensorProto.INT32: np.int32, TensorProto.INT64: np.int64}
+
+
+def spell_out_for_portable(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose main-graph SoftmaxCrossEntropyLoss nodes of known input rank are spelled out
+    (the others stay as they are)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = value_types_of_graph(inferred.graph)
+    opset = default_opset(model.opset_import) or 13
+    taken = {o for n in model.graph.node for o in n.output} | {vi.name for vi in model.graph.input} \
+        | {t.name for t in model.graph.initializer}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    for index, node in enumerate(model.graph.node):
+        scores = types.get(node.input[0]) if node.input else None
+        if node.domain in ("", "ai.onnx") and node.op_type == "SoftmaxCrossEntropyLoss" and scores is not None \
+                and scores.shape is not None and types.get(node.input[1]) is not None:
+            b = NodeBuilder(opset, f"sce_{index}", lambda name: name in taken, into=out.graph.node)
+            _softmax_cross_entropy_loss(b, node, scores.elem_type, len(scores.shape), types[node.input[1]].elem_type)
+            taken.update(b.used_names)
+        else:
+            out.graph.node.append(node)
+    return out
+
+
+def _softmax_cross_entropy_loss(b: NodeBuilder, node: onnx.NodeProto, elem: int, rank: int, label_type: int) -> None:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    reduction = attrs.get("reduction", b"mean").decode()
+    ignore_index = attrs.get("ignore_index")
+    e = Emitter(b, elem)
+    scores, label = node.input[0], node.input[1]
+    weight = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    loss_out = node.output[0]
+    log_prob_out = node.output[1] if len(node.output) > 1 and node.output[1] else None
+
+    shifted = b.op1("Sub", [scores, e.reduce("ReduceMax", scores, (1,))], hint="shifted")
+    log_sum = b.op1("Log", [e.reduce("ReduceSum", b.op1("Exp", [shifted]), (1,))], hint="log_sum")
+    log_prob = b.op1("Sub", [shifted, log_sum], log_prob_out, hint="log_prob")
+
+    int_np = _INT_NP[label_type]
+    classes = b.op1("Gather", [b.op1("Shape", [scores]), e.ints(1, "class_axis")], axis=0)
+    class_ids = b.op1("Range", [b.const(np.array(0, int_np), hint="zero_label"),
+                                b.op1("Cast", [classes], to=label_type), b.const(np.array(1, int_np), hint="one")])
+    if rank > 2:
+        class_ids = b.op1("Reshape", [class_ids, e.ints([-1] + [1] * (rank - 2), "class_view")])
+    label_axis = b.op1("Unsqueeze", [label], axes=[1]) if b.opset < 13 else \
+        b.op1("Unsqueeze", [label, e.ints([1], "axes")])
+    onehot = b.op1("Cast", [b.op1("Equal", [label_axis, class_ids])], to=elem)
+    picked = e.reduce("ReduceSum", b.op1("Mul", [log_prob, onehot]), (1,), keepdims=0)
+    per_element = b.op1("Neg", [picked], hint="nll")
+
+    weights = None
+    safe_label = label
+    if ignore_index is not None:
+        ignored = b.op1("Equal", [label, b.const(np.array(ignore_index, int_np), hint="ignore_index")])
+        safe_label = b.op1("Where", [ignored, b.const(np.array(0, int_np), hint="zero_label"), label])
+        weights = b.op1("Cast", [b.op1("Not", [ignored])], to=elem)
+    if weight is not None:
+        gathered = b.op1("Gather", [weight, safe_label], axis=0)
+        weights = gathered if weights is None else b.op1("Mul", [gathered, weights])
+    if weights is not None:
+        per_element = b.op1("Mul", [per_element, weights])
+    if reduction == "none":
+        b.op1("Identity", [per_element], loss_out)
+        return
+    axes = tuple(range(rank - 1))
+    total = e.reduce("ReduceSum", per_element, axes, keepdims=0)
+    if reduction == "sum":
+        b.op1("Identity", [total], loss_out)
+    elif weights is None:
+        b.op1("Div", [total, b.op1("Cast", [b.op1("Size", [label])], to=elem)], loss_out)
+    else:
+        b.op1("Div", [total, e.reduce("ReduceSum", weights, axes, keepdims=0)], loss_out)

@@ -1,0 +1,335 @@
+"""The train-step model: one standard ONNX model that does a whole training step, tensors in and out.
+
+onnxruntime-training's artifacts split a step into two models, and the optimizer model takes tensor
+sequences, which onnxruntime's JavaScript, mobile and C APIs (and OpenVINO, tract) cannot feed. The
+train-step model joins them: the training model's forward and backward pass, its gradients taken straight
+from what each ``InPlaceAccumulatorV2`` would have added (one optimizer step per train step, so the
+accumulation buffers and ``lazy_reset_grad`` drop out), and the optimizer's update unrolled per parameter
+with the same arithmetic as the lowered optimizer model (:mod:`lowering.rules.training_updates`).
+
+Interface (fixed; ``TrainStepInterface`` lists it for a given artifact):
+- inputs: the training model's data inputs by name; ``learning_rate`` [1] f32; ``step`` [1] int64 (the
+  optimizer step, 1 for the first); every trainable parameter ``<p>``; for AdamW its moments
+  ``<p>.first_order_moment`` and ``<p>.second_order_moment``; every frozen value by its name (batch norm's
+  running statistics);
+- outputs: the loss (the training model's loss name) first, then ``<p>.updated`` for every parameter, for
+  AdamW ``<p>.first_order_moment.updated`` and ``<p>.second_order_moment.updated``, then
+  ``<frozen>.updated`` for every frozen value a training op updates in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from lowering.builder import NodeBuilder
+from lowering.modelio import load_model
+from lowering.passes import lower_model
+from lowering.portable_std import spell_out_for_portable
+from lowering.rules.training_updates import AdamW, sgd_update
+from opdef.errors import LoweringError, ModelError, OplowerError
+from opdef.verify import infer_node, value_types_of_graph
+from runtime.session import find_custom_nodes
+
+TRAINING_MODEL, OPTIMIZER_MODEL = "training_model.onnx", "optimizer_model.onnx"
+BUFFER_SUFFIX = "_grad.accumulation.buffer"
+LAZY_RESET = "lazy_reset_grad"
+ACCUMULATOR = ("com.microsoft", "InPlaceAccumulatorV2")
+OPTIMIZERS = ("AdamWOptimizer", "SGDOptimizerV2")
+FIRST_MOMENT, SECOND_MOMENT = ".first_order_moment", ".second_order_moment"
+
+
+@dataclass(frozen=True)
+class TrainStepInterface:
+    """The train-step model's inputs and outputs by kind (names as in the module docstring)."""
+
+    data: tuple[str, ...]
+    params: tuple[str, ...]
+    moments: bool  # AdamW: <p>.first_order_moment / <p>.second_order_moment in and .updated out
+    frozen: tuple[str, ...]  # every other input: frozen values (batch norm's running statistics)
+    updated_frozen: tuple[str, ...]  # the frozen values a training op updates: <name>.updated outputs
+    loss: str
+    optimizer: str  # the optimizer op: AdamWOptimizer or SGDOptimizerV2
+
+    @property
+    def state_inputs(self) -> tuple[str, ...]:
+        """The inputs a step updates, each the input of the output ``<name>.updated``."""
+        moments = tuple(p + m for p in self.params for m in (FIRST_MOMENT, SECOND_MOMENT)) if self.moments else ()
+        return (*self.params, *moments, *self.updated_frozen)
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    model: onnx.ModelProto
+    interface: TrainStepInterface
+
+
+def train_step(directory: Path | str, *, target: str = "onnxruntime") -> TrainStep:
+    """Build the train-step model of a generate_artifacts directory, lowered for ``target``."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ModelError(f"{directory}: not an artifact directory (expected {TRAINING_MODEL} and {OPTIMIZER_MODEL})")
+    training_path, optimizer_path = directory / TRAINING_MODEL, directory / OPTIMIZER_MODEL
+    training, optimizer = load_model(training_path), load_model(optimizer_path)
+    cut, gradients = _without_accumulators(training, training_path)
+    try:
+        lowered = lower_model(cut, target=target)
+    except OplowerError as exc:
+        raise LoweringError(f"{training_path}: {exc}") from None
+    left = find_custom_nodes(lowered)
+    if left:
+        ops = sorted({f"{c.domain}::{c.op_type}" for c in left})
+        raise LoweringError(f"{training_path}: plain onnxruntime cannot run {', '.join(ops)} (no lowering rule "
+                            f"yet); first: node {left[0].describe()}")
+    if target == "portable":
+        lowered = spell_out_for_portable(lowered)
+    node = _optimizer_node(optimizer, optimizer_path)
+    try:
+        inference = infer_node(node, value_types_of_graph(optimizer.graph))
+        settings = AdamW.of(inference) if node.op_type == "AdamWOptimizer" else None
+    except OplowerError as exc:
+        raise LoweringError(f"{optimizer_path}: {exc}") from None
+    interface = _interface(training, lowered, gradients, node.op_type)
+    _append_updates(lowered, interface, gradients, settings)
+    return TrainStep(lowered, interface)
+
+
+def train_step_model(directory: Path | str, *, target: str = "onnxruntime") -> onnx.ModelProto:
+    """The train-step model of a generate_artifacts directory (see the module docstring)."""
+    return train_step(directory, target=target).model
+
+
+def _without_accumulators(training: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """A copy of the training model without its accumulators, their buffers and ``lazy_reset_grad``; each
+    parameter's gradient (the value its accumulator adds) is a graph output, so the lowering keeps it.
+    Returns the copy and {parameter: gradient value}."""
+    graph = training.graph
+    inputs = {vi.name: vi for vi in graph.input}
+    gradients: dict[str, str] = {}
+    dropped_outputs: set[str] = set()
+    kept = []
+    for node in graph.node:
+        if (node.domain, node.op_type) != ACCUMULATOR:
+            kept.append(node)
+            continue
+        buffer = node.input[0] if node.input else ""
+        if not buffer.endswith(BUFFER_SUFFIX) or len(node.input) < 2 or buffer not in inputs:
+            raise ModelError(f"{path}: InPlaceAccumulatorV2 '{node.name}' does not accumulate into a "
+                             f"'<parameter>{BUFFER_SUFFIX}' input")
+        param = buffer[: -len(BUFFER_SUFFIX)]
+        if param not in inputs:
+            raise ModelError(f"{path}: accumulation buffer {buffer!r} of no parameter input {param!r}")
+        gradients[param] = node.input[1]
+        dropped_outputs.update(o for o in node.output if o)
+    if not gradients:
+        raise ModelError(f"{path}: no InPlaceAccumulatorV2 node: not a generate_artifacts training model")
+    readers = [n for n in kept if dropped_outputs & set(n.input)]
+    if readers:
+        raise ModelError(f"{path}: node '{readers[0].name}' reads an accumulator's output; a train step cannot "
+                         "drop the accumulators")
+    dropped_inputs = {p + BUFFER_SUFFIX for p in gradients} | {LAZY_RESET}
+    if any(dropped_inputs & set(n.input) for n in kept):
+        raise ModelError(f"{path}: a node other than the accumulators reads an accumulation buffer or {LAZY_RESET}")
+    cut = onnx.ModelProto()
+    cut.CopyFrom(training)
+    del cut.graph.node[:]
+    cut.graph.node.extend(kept)
+    kept_inputs = [vi for vi in graph.input if vi.name not in dropped_inputs]
+    del cut.graph.input[:]
+    cut.graph.input.extend(kept_inputs)
+    kept_outputs = [vi for vi in graph.output if vi.name not in dropped_outputs]
+    del cut.graph.output[:]
+    cut.graph.output.extend(kept_outputs)
+    declared = {vi.name for vi in cut.graph.output}
+    for param, gradient in gradients.items():
+        if gradient not in declared:  # the gradient has its parameter's type
+            cut.graph.output.append(_like(inputs[param], gradient))
+            declared.add(gradient)
+    return cut, gradients
+
+
+def _optimizer_node(optimizer: onnx.ModelProto, path: Path) -> onnx.NodeProto:
+    found = [n for n in optimizer.graph.node if n.domain == "com.microsoft" and n.op_type in OPTIMIZERS]
+    if len(found) != 1:
+        raise ModelError(f"{path}: expected one {' or '.join(OPTIMIZERS)} node, found {len(found)}")
+    return found[0]
+
+
+def _interface(training: onnx.ModelProto, lowered: onnx.ModelProto, gradients: dict[str, str],
+               optimizer: str) -> TrainStepInterface:
+    graph = training.graph
+    initialized = {t.name for t in graph.initializer}
+    params = tuple(vi.name for vi in graph.input if vi.name in gradients)
+    taken = {*params, *(p + BUFFER_SUFFIX for p in params), LAZY_RESET}
+    others = [vi.name for vi in graph.input if vi.name not in taken and vi.name not in initialized]
+    lowered_outputs = {vi.name for vi in lowered.graph.output}
+    updated = tuple(n for n in others if f"{n}.updated" in lowered_outputs)
+    # frozen values: inputs the training model's initial parameter source holds, i.e. not data; an updated
+    # input is frozen state, the other non-parameter inputs before the first parameter are data
+    frozen = tuple(n for n in others if n in updated or _is_frozen(graph, n, params))
+    data = tuple(n for n in others if n not in frozen)
+    return TrainStepInterface(data, params, optimizer == "AdamWOptimizer", frozen, updated,
+                              graph.output[0].name, optimizer)
+
+
+def _is_frozen(graph: onnx.GraphProto, name: str, params: tuple[str, ...]) -> bool:
+    """generate_artifacts lists the data inputs first, then parameters (trainable and frozen) in the forward
+    model's initializer order: an input after the first trainable parameter is a frozen parameter."""
+    names = [vi.name for vi in graph.input]
+    first_param = min((names.index(p) for p in params), default=len(names))
+    return names.index(name) > first_param
+
+
+def _append_updates(model: onnx.ModelProto, interface: TrainStepInterface, gradients: dict[str, str],
+                    adamw: AdamW | None) -> None:
+    """Append the unrolled optimizer update to the lowered training graph and set the interface's inputs
+    and outputs."""
+    graph = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    taken = {vi.name for vi in (*graph.input, *graph.output, *graph.value_info)} | {t.name for t in graph.initializer}
+    taken.update(o for n in graph.node for o in n.output)
+    b = NodeBuilder(opset, "train_step", lambda name: name in taken, into=graph.node)
+    inputs = {vi.name: vi for vi in graph.input}
+    outputs = {vi.name: vi for vi in graph.output}
+    scalar_shape = b.const(np.array([], np.int64), hint="scalar_shape")
+    lr = b.op1("Reshape", ["learning_rate", scalar_shape], hint="lr")
+    new_inputs = [helper.make_tensor_value_info("learning_rate", TensorProto.FLOAT, [1]),
+                  helper.make_tensor_value_info("step", TensorProto.INT64, [1])]
+    new_outputs = [outputs[interface.loss]]
+    scalars = adamw.step_scalars(b, lr, b.op1("Reshape", ["step", scalar_shape], hint="step")) if adamw else None
+    moment_inputs, moment_outputs = [], []
+    for p in interface.params:
+        g = gradients[p]
+        if adamw is None:
+            b.op1("Identity", [sgd_update(b, lr, p, g)], f"{p}.updated")
+        else:
+            m1, m2 = p + FIRST_MOMENT, p + SECOND_MOMENT
+            w, m1_new, m2_new = adamw.update(b, lr, scalars, p, g, m1, m2)
+            b.op1("Identity", [w], f"{p}.updated")
+            b.op1("Identity", [m1_new], f"{m1}.updated")
+            b.op1("Identity", [m2_new], f"{m2}.updated")
+            moment_inputs += [_like(inputs[p], m1), _like(inputs[p], m2)]
+            moment_outputs += [_like(inputs[p], f"{m1}.updated"), _like(inputs[p], f"{m2}.updated")]
+        new_outputs.append(_like(inputs[p], f"{p}.updated"))
+    new_outputs += moment_outputs + [outputs[f"{n}.updated"] for n in interface.updated_frozen]
+    ordered_inputs = [inputs[n] for n in interface.data] + new_inputs + [inputs[p] for p in interface.params] \
+        + moment_inputs + [inputs[n] for n in interface.frozen]
+    del graph.input[:]
+    graph.input.extend(ordered_inputs)
+    del graph.output[:]
+    graph.output.extend(new_outputs)
+    _prune(graph)
+
+
+def _like(value_info: onnx.ValueInfoProto, name: str) -> onnx.ValueInfoProto:
+    copy = onnx.ValueInfoProto()
+    copy.CopyFrom(value_info)
+    copy.name = name
+    copy.doc_string = ""
+    return copy
+
+
+def _prune(graph: onnx.GraphProto) -> None:
+    """Drop the nodes no output needs (what only the removed outputs read, e.g. the accumulators' flags)."""
+    needed = {vi.name for vi in graph.output}
+    kept = []
+    for node in reversed(graph.node):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(node.input)
+            for attr in node.attribute:  # subgraph bodies may read outer values by name
+                for body in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                    needed.update(_outer_reads(body))
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+    names = {vi.name for vi in graph.value_info if vi.name in needed}
+    kept_info = [vi for vi in graph.value_info if vi.name in names]
+    del graph.value_info[:]
+    graph.value_info.extend(kept_info)
+
+
+def _outer_reads(body: onnx.GraphProto) -> set[str]:
+    reads = set()
+    for node in body.node:
+        reads.update(node.input)
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                reads |= _outer_reads(sub)
+    return reads
+
+
+class BoundStep:
+    """The train-step model in an onnxruntime session, run with IOBinding: the state (parameters, moments,
+    updated frozen values) lives in two sets of OrtValues that swap roles each step (step k reads set k mod 2
+    and writes its ``.updated`` outputs into the other), so no state crosses the Python boundary unless it
+    is read; each step copies in only the batch and the step number."""
+
+    def __init__(self, session, interface: TrainStepInterface, state: Mapping[str, np.ndarray],
+                 constants: Mapping[str, np.ndarray], learning_rate: np.ndarray) -> None:
+        import onnxruntime as ort
+
+        self._ort = ort
+        self.session, self.interface = session, interface
+        self._names = interface.state_inputs
+        self._sets = [{n: ort.OrtValue.ortvalue_from_numpy(np.array(state[n], copy=True)) for n in self._names}
+                      for _ in range(2)]
+        self._constants = {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v)) for n, v in constants.items()}
+        self._lr = ort.OrtValue.ortvalue_from_numpy(np.array(learning_rate, np.float32).reshape(1))
+        self._step = ort.OrtValue.ortvalue_from_numpy(np.array([0], np.int64))
+        self._loss_name = interface.loss
+        self._data: dict = {}
+        self._bindings: list = []
+        self._current = 0  # the set holding the current state
+
+    def _bind(self) -> None:
+        """(Re)build both bindings: after the data OrtValues were (re)allocated."""
+        self._bindings = []
+        for i in range(2):
+            binding = self.session.io_binding()
+            for name, value in {**self._constants, **self._data, "learning_rate": self._lr, "step": self._step,
+                                **self._sets[i]}.items():
+                binding.bind_ortvalue_input(name, value)
+            binding.bind_output(self._loss_name, "cpu")
+            for name, value in self._sets[1 - i].items():
+                binding.bind_ortvalue_output(f"{name}.updated", value)
+            self._bindings.append(binding)
+
+    def run(self, batch: Mapping[str, np.ndarray], step: int) -> float:
+        rebind = not self._bindings
+        for name in self.interface.data:
+            value = np.ascontiguousarray(batch[name])
+            held = self._data.get(name)
+            if held is None or tuple(held.shape()) != value.shape:
+                self._data[name] = self._ort.OrtValue.ortvalue_from_numpy(value.copy())
+                rebind = True
+            else:
+                held.update_inplace(value)
+        if rebind:
+            self._bind()
+        self._step.update_inplace(np.array([step], np.int64))
+        binding = self._bindings[self._current]
+        self.session.run_with_iobinding(binding)
+        self._current = 1 - self._current
+        loss = binding.get_outputs()[0].numpy()
+        return float(np.asarray(loss).reshape(-1)[0])
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        self._lr.update_inplace(np.array([learning_rate], np.float32))
+
+    def read(self, names: Iterable[str]) -> dict[str, np.ndarray]:
+        """The current values of state (or constant) inputs, as NumPy copies."""
+        current = self._sets[self._current]
+        # .numpy() of a CPU OrtValue may share its memory, which the next step overwrites: copy
+        return {n: np.array((current[n] if n in current else self._constants[n]).numpy(), copy=True) for n in names}
+
+    def write(self, values: Mapping[str, np.ndarray]) -> None:
+        """Replace state (or constant) values; shapes must stay."""
+        current = self._sets[self._current]
+        for name, value in values.items():
+            held = current[name] if name in current else self._constants[name]
+            held.update_inplace(np.ascontiguousarray(np.asarray(value, held.numpy().dtype)))

@@ -1,0 +1,83 @@
+"""A/B of one train step: oplower's lowered step on plain onnxruntime against onnxruntime-training's own.
+
+    PYTHONPATH=. python tools/ab_train_step.py DIR --ort-training-python /work/ortt-venv/bin/python [--pairs 9]
+
+DIR is a generate_artifacts directory with data.npz, initial_params.npz and meta.json (a committed artifact
+under tests/fixtures/ort_training/artifacts/, or one ``tools/ort_training/native_step.py make`` writes). The
+two sides cannot share a process (both provide the ``onnxruntime`` module): each pair runs the native side in
+a subprocess (``native_step.py time``) and the lowered side here (``lowering.training.Trainer``, the bound
+train-step model), in alternating order, both with 2 intra-op threads and spinning off; each side reports the
+median of its steps after warm-up. Prints each pair's ratio (lowered / native) and their median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from lowering.training import Trainer, initial_parameters, lower_artifacts
+
+HERE = Path(__file__).resolve().parent
+
+
+def lowered_side(directory: Path, threads: int):
+    meta = json.loads((directory / "meta.json").read_text())
+    models = lower_artifacts(directory)
+    start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")))
+    trainer = Trainer(models, start, learning_rate=meta["learning_rate"], threads=threads, spinning=False)
+    data = dict(np.load(directory / "data.npz"))
+    batch = {models.step.interface.data[0]: data["input"], meta["labels_input"]: data["labels"]}
+    for _ in range(10):
+        trainer.step(batch)
+
+    def timed(steps: int) -> float:
+        times = []
+        for _ in range(steps):
+            begin = time.perf_counter()
+            trainer.step(batch)
+            times.append(time.perf_counter() - begin)
+        return float(np.median(times) * 1e3)
+
+    return timed
+
+
+def native_side(python: str, directory: Path, steps: int, threads: int) -> float:
+    out = subprocess.run([python, str(HERE / "ort_training" / "native_step.py"), "time", str(directory),
+                          "--steps", str(steps), "--threads", str(threads)], capture_output=True, text=True,
+                         check=True)
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["median_ms"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--ort-training-python", required=True, help="python of tools/ort_training/make_env.sh's venv")
+    parser.add_argument("--pairs", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per side and pair")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    timed = lowered_side(args.directory, args.threads)
+    ratios = []
+    for pair in range(args.pairs):
+        if pair % 2:
+            lowered = timed(args.steps)
+            native = native_side(args.ort_training_python, args.directory, args.steps, args.threads)
+        else:
+            native = native_side(args.ort_training_python, args.directory, args.steps, args.threads)
+            lowered = timed(args.steps)
+        ratios.append(lowered / native)
+        print(f"pair {pair + 1}: lowered {lowered:.3f} ms, native {native:.3f} ms, ratio {ratios[-1]:.3f}", flush=True)
+    print(f"{args.directory.name}: median ratio {statistics.median(ratios):.3f} over {len(ratios)} pairs "
+          f"(lowered / onnxruntime-training, {args.threads} threads, no spinning)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

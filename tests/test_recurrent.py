@@ -534,3 +534,32 @@ def test_gru_reference_gradient_matches_finite_differences(lbr):
             numeric[index] = (up - loss()) / 2e-6
             value[index] = keep
         np.testing.assert_allclose(grads[grad], numeric, atol=1e-7, err_msg=grad)
+
+
+def test_symbolic_steps_and_batch():
+    """S and N as symbols: the lowering reads them at run time (Shape), one model serves two sequence lengths."""
+    rng = np.random.default_rng(13)
+    for op, in_order, outputs in (("LSTMTraining", LSTM_IN, LSTM_OUT), ("LSTMGrad", GRAD_IN, GRAD_OUT)):
+        feeds = _lstm_inputs(rng, lengths=[3, 1, 4])
+        if op == "LSTMGrad":
+            feeds = _grad_feeds(rng, feeds, "forward")
+        model = _model(op, feeds, in_order, outputs, {"hidden_size": 3})
+        for value in model.graph.input:
+            dims = value.type.tensor_type.shape.dim
+            symbols = {"X": "SN", "sequence_lengths": "N", "HAll": "S?N", "CAll": "S?N", "iofc": "S?N",
+                       "dHAll": "S?N", "initial_h": "?N", "initial_c": "?N", "dHFinal": "?N", "dCFinal": "?N"}
+            for dim, symbol in zip(dims, symbols.get(value.name, ""), strict=False):
+                if symbol != "?":
+                    dim.dim_param = symbol
+        lowered = _lowered(model)
+        for steps, batch in ((4, 3), (2, 2)):
+            sub = _lstm_inputs(np.random.default_rng(steps), steps=steps, batch=batch,
+                               lengths=[steps, 1, 2][:batch])
+            if op == "LSTMGrad":
+                sub = _grad_feeds(rng, sub, "forward")
+                want = ref.lstm_grad(*(sub[n] for n in GRAD_IN))
+            else:
+                want = ref.lstm_training(*(sub[n] for n in LSTM_IN))
+            got = run_model(lowered, {k: v for k, v in sub.items() if v is not None})
+            for name in outputs:
+                _close(got[name], want[name], 1e-5, f"{op} S={steps} N={batch} {name}")

@@ -24,7 +24,14 @@ from opdef.errors import ModelError, OplowerError, RuntimeFailure, VerificationE
 from opdef.graphs import all_nodes
 from opdef.registry import Entry, Registry
 from opdef.rules.pool_grad import pool_parameters
-from runtime import reference, reference_recurrent, reference_training, reference_updates
+from runtime import (
+    reference,
+    reference_normalization,
+    reference_recurrent,
+    reference_shape,
+    reference_training,
+    reference_updates,
+)
 
 SINGLE_OUTPUT_MODES = ("spec", "upstream")
 # An omitted output ("") of a custom node is renamed to this prefix + a number on the evaluator's copy:
@@ -309,6 +316,91 @@ def _adamw_optimizer(n: _Node, exact: bool, single_output: str) -> tuple:
 
 RULES |= {"in_place_accumulator": _in_place_accumulator, "sgd_optimizer": _sgd_optimizer,
           "adamw_optimizer": _adamw_optimizer}
+
+
+# -- onnxruntime-training's softmax and normalization ops (runtime.reference_normalization); the binding's
+# -- options say log-softmax or softmax and over which axes the pre-13 and 13 forms sum
+
+def _softmax_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy, y = n.input("dY"), n.input("Y")
+    options = dict(n.binding.options)
+    grad = reference_normalization.log_softmax_grad if options.get("log") else reference_normalization.softmax_grad
+    dx = grad(dy, y, int(n.attribute("axis")), trailing=options.get("reduce") == "trailing")
+    return _rounded(n, exact, {"dX": dx}, dy.dtype)
+
+
+def _layer_norm_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy, x, scale, inv = n.input("dY"), n.input("X"), n.input("scale"), n.input("inv_std")
+    axis = int(n.attribute("axis"))
+    if n.has_input("mean"):
+        dx, dscale, dbias = reference_normalization.layer_norm_grad(dy, x, scale, n.input("mean"), inv, axis)
+        return _rounded(n, exact, {"dX": dx, "dscale": dscale, "dbias": dbias}, dy.dtype)
+    dx, dscale = reference_normalization.simplified_layer_norm_grad(dy, x, scale, inv, axis)
+    return _rounded(n, exact, {"dX": dx, "dscale": dscale}, dy.dtype)
+
+
+def _simplified_layer_norm(n: _Node, exact: bool, single_output: str) -> tuple:
+    x = n.input("X")
+    y, inv = reference_normalization.simplified_layer_norm(x, n.input("scale"), int(n.attribute("axis")),
+                                                           float(n.attribute("epsilon")))
+    return n.results({"Y": (y, None if exact else x.dtype), "saved_inv_std": (inv, None if exact else np.float32)})
+
+
+RULES |= {"softmax_grad": _softmax_grad, "layer_norm_grad": _layer_norm_grad,
+          "simplified_layer_norm": _simplified_layer_norm}
+# -- the shape and matmul ops of onnxruntime-training's graphs (runtime.reference_shape); ConcatTraining's
+# -- inputs and SplitTraining's outputs are variadic: every position, in order
+
+def _fused_matmul(n: _Node, exact: bool, single_output: str) -> tuple:
+    a = n.input("A")
+    flags = {key: int(n.attribute(role, 0)) for key, role in (("trans_a", "transA"), ("trans_b", "transB"),
+                                                              ("trans_batch_a", "transBatchA"),
+                                                              ("trans_batch_b", "transBatchB"))}
+    try:
+        y = reference_shape.fused_matmul(a, n.input("B"), alpha=float(n.attribute("alpha", 1.0)), **flags)
+    except ValueError as exc:
+        raise n.fail(str(exc)) from None
+    return _rounded(n, exact, {"Y": y}, a.dtype)
+
+
+def _gather_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy = n.input("dY")
+    try:
+        dx = reference_shape.gather_grad(n.input("shape"), n.input("indices"), dy, int(n.attribute("axis", 0)))
+    except ValueError as exc:
+        raise n.fail(str(exc)) from None
+    return _rounded(n, exact, {"dX": dx}, dy.dtype)
+
+
+def _slice_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy = n.input("dY")
+    try:
+        dx = reference_shape.slice_grad(dy, n.input("shape"), n.input("starts"), n.input("ends"),
+                                        n.input("axes", required=False), n.input("steps", required=False))
+    except ValueError as exc:
+        raise n.fail(str(exc)) from None
+    return _rounded(n, exact, {"dX": dx}, dy.dtype)
+
+
+def _concat_training(n: _Node, exact: bool, single_output: str) -> tuple:
+    del exact  # a concatenation is exact in any type
+    values, lengths = reference_shape.concat_training([np.asarray(v) for v in n.inputs], int(n.attribute("axis")))
+    return n.results({"concat_result": (values, None), "per_input_length": (lengths, None)})
+
+
+def _split_training(n: _Node, exact: bool, single_output: str) -> tuple:
+    del exact
+    try:
+        pieces = reference_shape.split_training(n.input("input"), n.input("split"), int(n.attribute("axis", 0)))
+    except ValueError as exc:
+        raise n.fail(str(exc)) from None
+    if len(pieces) != len(n.node.output):
+        raise n.fail(f"split has {len(pieces)} entries for {len(n.node.output)} outputs")
+    return tuple(pieces)  # an omitted output's piece is computed and dropped, as any unread value
+
+
+RULES |= {"fused_matmul": _fused_matmul, "gather_grad": _gather_grad, "slice_grad": _slice_grad,
+          "concat_training": _concat_training, "split_training": _split_training}
 
 
 # -- onnxruntime-training's recurrent ops (runtime.reference_recurrent)

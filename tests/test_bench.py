@@ -194,7 +194,7 @@ def _recorded_losses() -> list[float]:
 
 def _check_training_result(result: dict, printed: str) -> None:
     assert result["artifact"] == "cnn" and result["torch"] is None and result["reps"] == 3
-    assert "dW: one Conv" in result["conv_grad_formulation"]
+    assert "dW: the windows of X" in result["conv_grad_formulation"]
     (row,) = result["steps"]
     assert row["threads"] == 1 and row["batch"] == 4 and row["input"] == [4, 3, 8, 8] and not row["redeclared"]
     assert row["ms"] > 0 and row["torch_ms"] is None and row["vs_torch"] is None and row["loss_torch"] is None

@@ -117,9 +117,10 @@ def _stat_inputs(model: onnx.ModelProto, registry) -> set[str]:
             continue
         for role in STAT_ROLES:
             arg = entry.binding.arg(role)
-            if arg is None:
+            inputs = [a.name for a in entry.schema.inputs]
+            if arg not in inputs:  # absent, or the role names an output (a forward op's saved statistic)
                 continue
-            index = [a.name for a in entry.schema.inputs].index(arg)
+            index = inputs.index(arg)
             if index < len(node.input) and node.input[index]:
                 names.add(node.input[index])
     return names

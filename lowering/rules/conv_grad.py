@@ -2,11 +2,10 @@
 
 - ``dX``: ConvTranspose of dY with the forward kernels (same group, strides, dilations and pads); the
   ``output_padding`` that the strides' floor division dropped is restored, so dX gets X's spatial shape.
-- ``dW``: one Conv that correlates X with dY. With X viewed as [C/group, group*N, D...] (batch and
-  channel swapped, each group's samples as its own channels) and dY as [M, N, O...], a Conv with the same
-  ``group``, strides = the forward dilations, dilations = the forward strides and the forward pads yields
-  [C/group, M, K'...]; K' >= K, the surplus (taps that only ever see the padding's tail) is sliced off,
-  then it is transposed to W's [M, C/group, K...]. Grouped, the view needs X's spatial dims static.
+- ``dW``: the windows of X (a grouped Conv with constant one-hot kernels, one output channel per input
+  channel and kernel offset) times dY, a batched MatMul per image and group, summed over the images
+  (depthwise: Mul and ReduceSum); see :func:`_kernel_gradient` for the measurements against the single
+  Conv that correlates X with dY, the form before.
 - ``dB``: ReduceSum of dY over every axis but 1.
 
 f16 and f64 are computed in f32 (cast once, rounded once): onnxruntime's CPU provider has no f64 Conv or
@@ -22,6 +21,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from onnx import TensorProto
 
 from lowering.builder import NodeBuilder
@@ -107,41 +107,39 @@ def _input_gradient(e: Emitter, request: LoweringRequest, params: ConvParameters
 
 def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameters, dy: str, x_shape, w_shape,
                      out: str, io: int) -> None:
+    """dW from the windows: a grouped Conv with constant one-hot kernels writes what each kernel offset reads
+    (``cols`` = [N, C*K, P], P the output positions); per group, ``cols @ dY^T`` per image summed over the
+    images is dW^T. Depthwise, the per-group products are 1-wide: Mul and ReduceSum instead.
+
+    Measured against the single Conv correlating X with dY (onnxruntime 1.32 CPU, 2 threads, 3x3 pad 1):
+    batch 32 at 16x32^2 / 32x16^2 / 3x32^2, 15-31 / 22 / 0.9 ms against 29-74 / 32-35 / 2.0-9.0 ms; batch
+    128 at 16x32^2, 90 against 224-261 ms (a loaded machine, paired runs). The Conv with dY as its kernel
+    has no fast path in onnxruntime; the one-hot Conv and the batched MatMul do."""
     b = e.b
-    spatial = len(w_shape) - 2
-    group = params.group
-    per_group = w_shape[1]
+    group, per_group, m = params.group, w_shape[1], w_shape[0]
+    kernel = tuple(w_shape[2:])
+    k = math.prod(kernel)
+    channels = group * per_group
     x = e.up(request.input("X"), io)
-    swap = [1, 0, *range(2, spatial + 2)]
-    if group == 1:
-        x_view = b.op1("Transpose", [x], perm=swap)  # [C, N, D...]
-    else:
-        dims = None if x_shape is None else x_shape[2:]
-        if dims is None or not all(isinstance(d, int) for d in dims):
-            raise _fail(request, f"dW with group {group} needs X's spatial dims static "
-                                 f"(X {list(x_shape) if x_shape is not None else 'of unknown shape'})")
-        grouped = b.op1("Reshape", [x, e.ints([-1, group, per_group, *dims])])
-        moved = b.op1("Transpose", [grouped], perm=[2, 1, 0, *range(3, spatial + 3)])  # [C/g, g, N, D...]
-        x_view = b.op1("Reshape", [moved, e.ints([per_group, -1, *dims])])
-    dy_view = b.op1("Transpose", [dy], perm=swap)  # [M, N, O...]
-    correlated = b.op1("Conv", [x_view, dy_view], group=group, strides=list(params.dilations),
-                       dilations=list(params.strides), pads=list(params.pads))  # [C/g, M, K'...]
-    kernel = list(w_shape[2:])
-    if x_shape is not None and all(isinstance(d, int) for d in x_shape[2:]):
-        surplus = []
-        for a in range(spatial):
-            size, stride = x_shape[a + 2], params.strides[a]
-            out_size = params.output_size(a, size, kernel[a])
-            reach = size + params.pads[a] + params.pads[a + spatial] - (out_size - 1) * stride - 1
-            surplus.append(reach // params.dilations[a] + 1 != kernel[a])
-        needs_slice = any(surplus)
-    else:
-        needs_slice = True  # unknown sizes: always cut to the kernel (a no-op when it already fits)
-    if needs_slice:
-        axes = list(range(2, spatial + 2))
-        correlated = b.op1("Slice", [correlated, e.ints([0] * spatial, "starts"), e.ints(kernel, "ends"),
-                                     e.ints(axes, "axes")])
-    _final(e, out, io, lambda target: b.op1("Transpose", [correlated], target, perm=swap))
+    onehot = np.zeros((channels * k, 1, *kernel), np.float32)  # channel c, offset i -> output channel c*K + i
+    for c in range(channels):
+        onehot[c * k + np.arange(k), 0, ...] = np.eye(k, dtype=np.float32).reshape(k, *kernel)
+    cols = b.op1("Conv", [x, b.const(onehot, hint="window_offsets")], group=channels, kernel_shape=list(kernel),
+                 strides=list(params.strides), dilations=list(params.dilations), pads=list(params.pads),
+                 hint="windows")  # [N, C*K, O...]
+    if per_group == 1 and m == group:  # depthwise
+        cols = b.op1("Reshape", [cols, e.ints([0, channels, k, -1], "cols")])  # [N, C, K, P]
+        dy_planes = b.op1("Reshape", [dy, e.ints([0, channels, 1, -1], "dy_planes")])  # [N, C, 1, P]
+        product = e.reduce("ReduceSum", b.op1("Mul", [cols, dy_planes]), (0, 3), keepdims=0)  # [C, K]
+        _final(e, out, io, lambda target: b.op1("Reshape", [product, e.ints(list(w_shape), "w_shape")], target))
+        return
+    cols = b.op1("Reshape", [cols, e.ints([0, group, per_group * k, -1], "col_groups")])  # [N, g, C/g*K, P]
+    dy_t = b.op1("Transpose", [b.op1("Reshape", [dy, e.ints([0, group, m // group, -1], "dy_groups")])],
+                 perm=[0, 1, 3, 2])  # [N, g, P, M/g]
+    per_image = b.op1("MatMul", [cols, dy_t])  # [N, g, C/g*K, M/g]
+    summed = e.reduce("ReduceSum", per_image, (0,), keepdims=0)  # [g, C/g*K, M/g]
+    w_t = b.op1("Transpose", [summed], perm=[0, 2, 1])  # [g, M/g, C/g*K]
+    _final(e, out, io, lambda target: b.op1("Reshape", [w_t, e.ints(list(w_shape), "w_shape")], target))
 
 
 def _portable_gradients(e: Emitter, request: LoweringRequest, params: ConvParameters, dy: str, x_shape, w_shape,

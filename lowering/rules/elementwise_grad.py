@@ -1,6 +1,8 @@
 """Lowering of onnxruntime-training's ``ReluGrad``, ``SigmoidGrad`` and ``Scale`` (``specs/com.microsoft/``).
 
-ReluGrad: ``Where(X > 0, dY, 0)``; SigmoidGrad: ``dY * (Y * (1 - Y))``; Scale: one Mul or Div by the
+ReluGrad: ``dY * Cast(X > 0)`` (a Where with a broadcast scalar ran 20x slower in onnxruntime's CPU provider:
+4.0-6.4 against 0.20-0.22 ms on [32,16,32,32], 2 threads; the two differ only where X <= 0 and dY is not
+finite, which gives NaN instead of 0); SigmoidGrad: ``dY * (Y * (1 - Y))``; Scale: one Mul or Div by the
 scale viewed as a scalar. f16/bf16 are cast up to f32 once and rounded once. One form for both targets:
 every op here is elementwise (lowering.rules.PORTABLE_OPS).
 """
@@ -35,7 +37,7 @@ def lower_relu_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     io = input_elem(request, "dY")
     e = Emitter(b, compute_type(io))
     positive = b.op1("Greater", [e.up(request.input("X"), io), e.scalar(0.0, "zero")])
-    e.finish("Where", [positive, e.up(request.input("dY"), io), e.scalar(0.0, "zero")], out, io)
+    e.finish("Mul", [e.up(request.input("dY"), io), b.op1("Cast", [positive], to=e.ct, hint="positive")], out, io)
 
 
 @register_rule("sigmoid_grad", targets=TARGETS)

@@ -435,8 +435,8 @@ def family(name: str) -> None:
     """Record one op family: ``cases_<name>.py``'s ``make(rng)`` with its own ``SEED``; index cases_<name>.json."""
     global _cases, RNG
     sys.path.insert(0, str(HERE))
-    # run as a script this module is __main__: make the family's ``import make_fixtures`` get this very module
-    # (its ``record`` appends to the ``_cases`` indexed below), not a second copy
+    # the family module's ``import make_fixtures`` must get this very module (run as __main__), else its
+    # ``record`` calls would fill a second copy's case list and the index would stay empty
     sys.modules.setdefault("make_fixtures", sys.modules[__name__])
     module = __import__(f"cases_{name}")
     _cases = []

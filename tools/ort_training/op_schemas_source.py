@@ -110,6 +110,83 @@ SCHEMAS = {
         note="seen in the BCEWithLogitsLoss artifact; input names not transcribed (positional: output gradient, "
              "Sigmoid output); the fixture ops/SigmoidGrad shows dX = dY * Y * (1 - Y)",
         type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::SoftmaxGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("Y", "T", S)), outputs=io(("dX", "T", S)),
+        attributes=attrs(axis=("INT", False, 1)),
+        note="pre-13 axis: the sum runs over every axis from axis on (the ops/SoftmaxGrad fixtures); the CPU kernel "
+             "runs f32/f16, f64 through the schema's function body",
+        type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::SoftmaxGrad_13": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("Y", "T", S)), outputs=io(("dX", "T", S)),
+        attributes=attrs(axis=("INT", False, -1)),
+        note="the sum runs over axis alone; the CPU kernel runs f32/f16 (no f64)",
+        type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::LogSoftmaxGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("X", "T", S)), outputs=io(("dX", "T", S)),
+        attributes=attrs(axis=("INT", False, 1)),
+        note="X is the LogSoftmax output; pre-13 axis as SoftmaxGrad; the CPU kernel runs f32/f16 (no f64)",
+        type_constraints={"T": FLOATS}),
+    "com.microsoft::LogSoftmaxGrad_13": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("X", "T", S)), outputs=io(("dX", "T", S)),
+        attributes=attrs(axis=("INT", False, -1)),
+        note="X is the LogSoftmax output; the sum runs over axis alone; the CPU kernel runs f32/f16 (no f64)",
+        type_constraints={"T": FLOATS}),
+    "com.microsoft::LayerNormalizationGrad": dict(
+        since_version=1,
+        inputs=io(("Y_grad", "T", S), ("X", "T", S), ("scale", "T", S), ("mean", "U", S), ("inv_std_var", "U", S)),
+        outputs=io(("X_grad", "T", S), ("scale_grad", "T", S), ("bias_grad", "T", S)),
+        attributes=attrs(axis=("INT", False, -1)), allow_unchecked_attributes=True,
+        note="the gradient builder copies the forward's epsilon and stash_type onto it (unchecked); every output "
+             "is required by the schema; the CPU kernel takes T f32/f16/f64 with U f32 only",
+        type_constraints={"T": FLOATS_BF, "U": ["tensor(float)", "tensor(bfloat16)"]}),
+    "com.microsoft::SimplifiedLayerNormalizationGrad": dict(
+        since_version=1,
+        inputs=io(("Y_grad", "T", S), ("X", "T", S), ("scale", "T", S), ("inv_std_var", "U", S)),
+        outputs=io(("X_grad", "T", S), ("scale_grad", "T", S)),
+        attributes=attrs(axis=("INT", False, -1)), allow_unchecked_attributes=True,
+        note="epsilon and stash_type copied from the forward (unchecked); both outputs required by the schema; the "
+             "CPU kernel takes T f32/f16 (no f64)",
+        type_constraints={"T": FLOATS_BF, "U": ["tensor(float)"]}),
+    "ai.onnx::SimplifiedLayerNormalization": dict(
+        since_version=1, inputs=io(("X", "T", S), ("scale", "T", S)),
+        outputs=io(("Y", "T", S), ("inv_std_var", "U", OPT)),
+        attributes=attrs(axis=("INT", False, -1), epsilon=("FLOAT", False, 1e-5)), allow_unchecked_attributes=True,
+        note="default domain, not standard ONNX: onnxruntime's fusion of a hand-written RMSNorm, written into "
+             "generate_artifacts' training models; inv_std_var has X's row dims followed by 1s (the kernel's shape); "
+             "the CPU kernel takes f32/f16 (no f64)",
+        type_constraints={"T": FLOATS_BF, "U": ["tensor(float)"]}),
+    "com.microsoft::FusedMatMul": dict(
+        since_version=1, inputs=io(("A", "T", S), ("B", "T", S)), outputs=io(("Y", "T", S)),
+        attributes=attrs(alpha=("FLOAT", False, 1.0), transA=("INT", False, 0), transB=("INT", False, 0),
+                         transBatchA=("INT", False, 0), transBatchB=("INT", False, 0)),
+        note="a contrib op of plain onnxruntime too; the 1.19.2 CPU kernel runs f32 and f16 (no f64); transBatch "
+             "moves axis 0 to rank - 2 and needs both operands of one rank >= 3 (ops/FusedMatMul)",
+        type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::GatherGrad": dict(
+        since_version=1, inputs=io(("shape", "I", S), ("indices", "Tind", S), ("dY", "T", S)),
+        outputs=io(("dX", "T", S)), attributes=attrs(axis=("INT", False, 0)),
+        note="the 1.19.2 CPU kernel takes shape as int64 only (int32 has no kernel)",
+        type_constraints={"I": ["tensor(int32)", "tensor(int64)"], "T": FLOATS_BF,
+                          "Tind": ["tensor(int32)", "tensor(int64)"]}),
+    "com.microsoft::SliceGrad": dict(
+        since_version=1,
+        inputs=io(("dY", "T", S), ("shape", "I", S), ("starts", "Tind", S), ("ends", "Tind", S),
+                  ("axes", "Tind", OPT), ("steps", "Tind", OPT)),
+        outputs=io(("dX", "T", S)), attributes={},
+        note="T is every tensor type in the schema; the 1.19.2 CPU kernel runs f32 and f64 only and fails on "
+             "negative steps",
+        type_constraints={"I": ["tensor(int64)"], "T": FLOATS_BF, "Tind": ["tensor(int32)", "tensor(int64)"]}),
+    "com.microsoft::ConcatTraining": dict(
+        since_version=1, inputs=io(("inputs", "T", "Variadic")),
+        outputs=io(("concat_result", "T", S), ("per_input_length", "Tint", OPT)),
+        attributes=attrs(axis=("INT", True, None)),
+        note="T is every tensor type", type_constraints={"T": FLOATS_BF, "Tint": ["tensor(int64)"]}),
+    "com.microsoft::SplitTraining": dict(
+        since_version=1, inputs=io(("input", "T", S), ("split", "tensor(int64)", S)),
+        outputs=io(("outputs", "T", "Variadic")), attributes=attrs(axis=("INT", False, 0)),
+        note="T is every tensor type in the schema; the 1.19.2 CPU kernel runs f32 only among the floats, takes "
+             "an empty split as equal pieces, and stops the process when an output is omitted",
+        type_constraints={"T": FLOATS_BF}),
     "com.microsoft::LSTMTraining": dict(
         since_version=1,
         inputs=io(("X", "T", S), ("W", "T", S), ("R", "T", S), ("B", "T", OPT), ("SL", "TInt32", OPT),

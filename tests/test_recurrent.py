@@ -135,6 +135,8 @@ def _bad_forward(edit, attrs=None):
     ("C3", lambda f: f.update(sequence_lengths=np.array([1, 2], np.int32)), None, "sequence_lengths has shape [2]"),
     ("C4", lambda f: None, {"hidden_size": 4}, "W has shape [1,12,5]; expected [1,16,5]"),
     ("C5", lambda f: None, {"clip": 1.0}, "clip is 1.0; cell clipping is not supported"),
+    ("C5", lambda f: None, {"activations": ["Relu", "Tanh", "Tanh"]},
+     "activations are ['Relu', 'Tanh', 'Tanh']; only ['Sigmoid', 'Tanh', 'Tanh'] (the defaults) are supported"),
     ("C5", lambda f: None, {"input_forget": 1}, "attribute 'input_forget' is 1; allowed: 0"),
     ("C5", lambda f: None, {"direction": "sideways"}, "attribute 'direction' is 'sideways'"),
 ])
@@ -563,3 +565,15 @@ def test_symbolic_steps_and_batch():
             got = run_model(lowered, {k: v for k, v in sub.items() if v is not None})
             for name in outputs:
                 _close(got[name], want[name], 1e-5, f"{op} S={steps} N={batch} {name}")
+
+
+def test_default_activations_spelled_out_are_accepted():
+    rng = np.random.default_rng(14)
+    feeds = _lstm_inputs(rng, directions=2)
+    attrs = {"direction": "bidirectional", "activations": ["Sigmoid", "Tanh", "Tanh"] * 2}
+    got = run_model(_lowered(_model("LSTMTraining", feeds, LSTM_IN, LSTM_OUT, attrs)),
+                    {k: v for k, v in feeds.items() if v is not None})
+    _close(got["HAll"], ref.lstm_training(*(feeds[n] for n in LSTM_IN), direction="bidirectional")["HAll"],
+           TOL[F32], "HAll")
+    gru = _gru_inputs(rng)
+    verify_model(_model("GRUTraining", gru, GRU_IN, GRU_OUT, {"activations": ["Sigmoid", "Tanh"]}))

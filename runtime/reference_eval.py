@@ -26,6 +26,7 @@ from opdef.registry import Entry, Registry
 from opdef.rules.pool_grad import pool_parameters
 from runtime import (
     reference,
+    reference_activations,
     reference_normalization,
     reference_recurrent,
     reference_shape,
@@ -401,6 +402,36 @@ def _split_training(n: _Node, exact: bool, single_output: str) -> tuple:
 
 RULES |= {"fused_matmul": _fused_matmul, "gather_grad": _gather_grad, "slice_grad": _slice_grad,
           "concat_training": _concat_training, "split_training": _split_training}
+# -- onnxruntime-training's activation family (runtime.reference_activations): one output each, rounded to the
+# -- type of the first input
+
+def _activation(function, inputs: tuple[str, ...], output: str, alpha: bool = False):
+    def evaluate(n: _Node, exact: bool, single_output: str) -> tuple:
+        values = [n.input(role) for role in inputs]
+        extra = {"alpha": float(n.attribute("alpha"))} if alpha else {}
+        return _rounded(n, exact, {output: function(*values, **extra)}, values[0].dtype)
+    return evaluate
+
+
+def _dropout_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy = n.input("dy")
+    ratio = n.input("ratio", required=False) if n.has_input("ratio") else None
+    dx = reference_activations.dropout_grad(dy, n.input("mask"), None if ratio is None or ratio.size == 0 else ratio)
+    return _rounded(n, exact, {"dx": dx}, dy.dtype)
+
+
+_ACT = reference_activations
+RULES |= {"tanh_grad": _activation(_ACT.tanh_grad, ("dY", "Y"), "dX"),
+          "leaky_relu_grad": _activation(_ACT.leaky_relu_grad, ("dY", "Y"), "dX", alpha=True),
+          "quick_gelu": _activation(_ACT.quick_gelu, ("X",), "Y", alpha=True),
+          "quick_gelu_grad": _activation(_ACT.quick_gelu_grad, ("dY", "X"), "dX", alpha=True),
+          "gelu_grad": _activation(_ACT.gelu_grad, ("dY", "X"), "dX"),
+          "fast_gelu_grad": _activation(_ACT.fast_gelu_grad, ("dY", "X"), "dX"),
+          "gelu": _activation(_ACT.gelu, ("X",), "Y"),
+          "bias_gelu": _activation(_ACT.bias_gelu, ("A", "B"), "C"),
+          "bias_gelu_grad": _activation(_ACT.bias_gelu_grad, ("dY", "X", "B"), "dX"),
+          "bias_fast_gelu_grad": _activation(_ACT.bias_fast_gelu_grad, ("dY", "X", "B"), "dX"),
+          "dropout_grad": _dropout_grad}
 
 
 # -- onnxruntime-training's recurrent ops (runtime.reference_recurrent)

@@ -35,13 +35,16 @@ PORTABLE_OPS = frozenset({
     # windows of im2col/col2im, lowering/rules/im2col.py); Range over a runtime class count (the class ids of
     # SoftmaxCrossEntropyLossGrad's one-hot).
     "Pad", "Range",
+    # For the activation family (lowering/rules/activation_grad.py; elementwise, checked in onnxruntime, OpenVINO,
+    # tract and onnx.reference by tests/test_activation_grads.py): the transcendental functions its forms use.
+    "Erf", "Tanh", "Sigmoid",
     # For the optimizers (their model's own inputs are tensor sequences, so a runtime without sequences cannot
     # take the model at all, lowered or not): the Loop over the sequence and its sequence ops. Every input
     # of these may be a runtime value by the standard.
     "Loop", "SequenceEmpty", "SequenceLength", "SequenceAt", "SequenceInsert",
-    # For the recurrent ops (tests/test_recurrent.py runs them in onnxruntime, OpenVINO, tract and onnx.reference):
-    # the gate activations, and the Scan over the steps (its body reads the outer graph's values).
-    "Sigmoid", "Tanh", "Scan",
+    # For the recurrent ops (tests/test_recurrent.py runs them in onnxruntime, OpenVINO, tract and onnx.reference;
+    # their gates use Sigmoid and Tanh above): the Scan over the steps, its weights passed in as states.
+    "Scan",
 })
 
 # A rule ``key`` lives in ``lowering.rules.<key>`` (a module or subpackage), or in any module of this package

@@ -33,6 +33,7 @@ def attrs(**spec):
 
 
 S, OPT = "Single", "Optional"
+KERNEL_F32 = "the 1.19.2 CPU kernel is f32 only; f16 nodes run through casts it inserts (recorded)"
 SCHEMAS = {
     "com.microsoft::ConvGrad": dict(
         since_version=1, inputs=io(("dY", "T", S), ("X", "T", S), ("W", "T", S)),
@@ -187,6 +188,48 @@ SCHEMAS = {
         note="T is every tensor type in the schema; the 1.19.2 CPU kernel runs f32 only among the floats, takes "
              "an empty split as equal pieces, and stops the process when an output is omitted",
         type_constraints={"T": FLOATS_BF}),
+    # the activation family (issue 19; tools/ort_training/cases_activations.py records each)
+    "com.microsoft::DropoutGrad": dict(
+        since_version=1,
+        inputs=io(("dy", "T", S), ("mask", "T2", S), ("ratio", "T1", OPT), ("training_mode", "T2", OPT)),
+        outputs=io(("dx", "T", S)), attributes={}, allow_unchecked_attributes=True,
+        note="ratio defaults to 0.5; the f32/f64 CPU kernels pass dy unchanged at ratio 0 and ignore "
+             "training_mode; f16 runs through the schema's function body (Where(mask, dy / (1 - ratio), 0))",
+        type_constraints={"T": FLOATS_BF, "T1": FLOATS_BF, "T2": ["tensor(bool)"]}),
+    "com.microsoft::TanhGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("Y", "T", S)), outputs=io(("dX", "T", S)), attributes={},
+        note="Y is the Tanh output; " + KERNEL_F32, type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::LeakyReluGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("Y", "T", S)), outputs=io(("dX", "T", S)),
+        attributes=attrs(alpha=("FLOAT", False, 0.01)), note="Y is the LeakyRelu output; " + KERNEL_F32,
+        type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::QuickGelu": dict(
+        since_version=1, inputs=io(("X", "T", S)), outputs=io(("Y", "T", S)),
+        attributes=attrs(alpha=("FLOAT", False, 1.702)), note="contrib op; SiLU becomes alpha 1; " + KERNEL_F32,
+        type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::QuickGeluGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("X", "T", S)), outputs=io(("dX", "T", S)),
+        attributes=attrs(alpha=("FLOAT", False, 1.702)), note=KERNEL_F32, type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::GeluGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("X", "T", S)), outputs=io(("dX", "T", S)), attributes={},
+        note="erf GELU; " + KERNEL_F32, type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::FastGeluGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("X", "T", S)), outputs=io(("dX", "T", S)), attributes={},
+        note="tanh-approximation GELU; " + KERNEL_F32, type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::Gelu": dict(
+        since_version=1, inputs=io(("X", "T", S)), outputs=io(("Y", "T", S)), attributes={},
+        note="contrib op: erf GELU (what onnxruntime fuses torch's gelu into after a Gemm); " + KERNEL_F32,
+        type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::BiasGelu": dict(
+        since_version=1, inputs=io(("A", "T", S), ("B", "T", S)), outputs=io(("C", "T", S)), attributes={},
+        note="contrib op: erf GELU of A + B, B 1D of A's last dimension; " + KERNEL_F32,
+        type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::BiasGeluGrad_dX": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("X", "T", S), ("B", "T", S)), outputs=io(("dX", "T", S)),
+        attributes={}, note="GeluGrad at X + B; " + KERNEL_F32, type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::BiasFastGeluGrad_dX": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("X", "T", S), ("B", "T", S)), outputs=io(("dX", "T", S)),
+        attributes={}, note="FastGeluGrad at X + B; " + KERNEL_F32, type_constraints={"T": FLOATS_BF}),
     "com.microsoft::LSTMTraining": dict(
         since_version=1,
         inputs=io(("X", "T", S), ("W", "T", S), ("R", "T", S), ("B", "T", OPT), ("SL", "TInt32", OPT),

@@ -577,3 +577,17 @@ def test_default_activations_spelled_out_are_accepted():
            TOL[F32], "HAll")
     gru = _gru_inputs(rng)
     verify_model(_model("GRUTraining", gru, GRU_IN, GRU_OUT, {"activations": ["Sigmoid", "Tanh"]}))
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "lstm2"])
+def test_recurrent_training_graph_passes_lower_verify(name, tmp_path, capsys):
+    """The recurrent artifacts' training graphs (LSTMTraining/GRUTraining, their gradients, the exporter's
+    ConcatTraining/SplitTraining, the accumulators) through `lower --verify`: every output within tolerance of
+    runtime.reference_eval's float64 evaluation (this module's references for the recurrent nodes)."""
+    from lowering.cli import main
+
+    out = tmp_path / "lowered.onnx"
+    code = main(["lower", str(FIXTURES / "artifacts" / name / "training_model.onnx"), "-o", str(out), "--verify"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert printed.count("PASS") == len(onnx.load(out).graph.output) and "FAIL" not in printed

@@ -591,3 +591,4 @@ def test_recurrent_training_graph_passes_lower_verify(name, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert printed.count("PASS") == len(onnx.load(out).graph.output) and "FAIL" not in printed
+

@@ -27,9 +27,7 @@ from lowering.builder import NodeBuilder
 from lowering.emit_common import Emitter, compute_type
 from lowering.rules import TARGETS, LoweringRequest, register_rule
 from lowering.rules.elementwise_grad import input_elem
-from opdef.errors import LoweringError
 
-SLICE_INPUTS_SINCE = 10
 AXES_INPUT_SINCE = 13  # Unsqueeze/Squeeze take axes as an input from here on
 _BACKWARDS = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}
 
@@ -90,14 +88,6 @@ class _Emit(Emitter):
             self.emit("Identity", parts, output, out_type)
         else:
             self.emit("Concat", parts, output, out_type, axis=axis)
-
-
-def _check_opset(b: NodeBuilder, request: LoweringRequest) -> None:
-    if b.opset < SLICE_INPUTS_SINCE:
-        node = request.inference
-        raise LoweringError(f"{node.op_type} '{node.node_name}': the recurrent lowering needs default opset "
-                            f"{SLICE_INPUTS_SINCE} or newer (Slice with input starts/ends); the model imports "
-                            f"opset {b.opset}")
 
 
 def _state_zeros(e: _Emit, x: str, r: str) -> str:
@@ -182,7 +172,6 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
     outputs = {r: request.output(r) for r in roles}
     if not any(outputs.values()):
         return
-    _check_opset(b, request)
     io = input_elem(request, "X")
     e = _Emit(b, compute_type(io))
     x, r = e.up(request.input("X"), io), e.up(request.input("R"), io)
@@ -272,7 +261,6 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     outputs = {r: request.output(r) for r in roles}
     if not any(outputs.values()):
         return
-    _check_opset(b, request)
     io = input_elem(request, "X")
     e = _Emit(b, compute_type(io))
     x, w, r = (e.up(request.input(n), io) for n in ("X", "W", "R"))
@@ -382,7 +370,6 @@ def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
     outputs = {r: request.output(r) for r in roles}
     if not any(outputs.values()):
         return
-    _check_opset(b, request)
     io = input_elem(request, "X")
     e = _Emit(b, compute_type(io))
     attributes = request.inference.attributes
@@ -450,7 +437,6 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     outputs = {r: request.output(r) for r in roles}
     if not any(outputs.values()):
         return
-    _check_opset(b, request)
     io = input_elem(request, "X")
     e = _Emit(b, compute_type(io))
     attributes = request.inference.attributes

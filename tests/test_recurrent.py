@@ -592,3 +592,26 @@ def test_recurrent_training_graph_passes_lower_verify(name, tmp_path, capsys):
     assert code == 0, printed
     assert printed.count("PASS") == len(onnx.load(out).graph.output) and "FAIL" not in printed
 
+
+
+# -- a graph onnxruntime-training writes but cannot run ----------------------------------------------------------------
+
+BIDIRECTIONAL_GRU = FIXTURES / "graphs" / "gru_bidirectional"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_bidirectional_gru_training_graph_matches_torch(target):
+    """generate_artifacts' training graph of a bidirectional nn.GRU classifier (GRUTraining/GRUGrad with direction
+    bidirectional, which onnxruntime-training 1.19.2's kernel refuses): lowered, on plain onnxruntime, one step's
+    loss and every gradient equal torch's autograd on the same model and batch
+    (tools/ort_training/record_bidirectional_gru.py): loss 1e-5 relative, gradients 1e-4 of their largest entry."""
+    model = _lowered(onnx.load(BIDIRECTIONAL_GRU / "training_model.onnx"), target)
+    params = dict(np.load(BIDIRECTIONAL_GRU / "initial_params.npz"))
+    data = np.load(BIDIRECTIONAL_GRU / "data.npz")
+    torch_step = np.load(BIDIRECTIONAL_GRU / "torch_step1.npz")
+    feeds = {"input": data["input"], "labels": data["labels"], "lazy_reset_grad": np.array([True]), **params,
+             **{f"{p}_grad.accumulation.buffer": np.zeros_like(v) for p, v in params.items()}}
+    got = run_model(model, feeds)
+    assert float(got["onnx::loss::2"]) == pytest.approx(float(torch_step["loss"]), rel=1e-5)
+    for p in params:
+        _close(got[f"{p}_grad.accumulation.buffer.updated"], torch_step[f"grad.{p}"].astype(np.float64), 1e-4, p)

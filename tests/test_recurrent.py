@@ -615,3 +615,25 @@ def test_bidirectional_gru_training_graph_matches_torch(target):
     assert float(got["onnx::loss::2"]) == pytest.approx(float(torch_step["loss"]), rel=1e-5)
     for p in params:
         _close(got[f"{p}_grad.accumulation.buffer.updated"], torch_step[f"grad.{p}"].astype(np.float64), 1e-4, p)
+
+
+@pytest.mark.parametrize("runtime", ["openvino", "tract", "reference"])
+def test_bidirectional_gru_portable_graph_in_other_runtimes(runtime, tmp_path):
+    """The same graph lowered for the portable target in the other runtimes. tract stops at the forward's own
+    SoftmaxCrossEntropyLoss (standard ONNX, left as it is; tract has no form with its second output): an asserted
+    refusal."""
+    model = _lowered(onnx.load(BIDIRECTIONAL_GRU / "training_model.onnx"), "portable")
+    params = dict(np.load(BIDIRECTIONAL_GRU / "initial_params.npz"))
+    data = np.load(BIDIRECTIONAL_GRU / "data.npz")
+    torch_step = np.load(BIDIRECTIONAL_GRU / "torch_step1.npz")
+    feeds = {"input": data["input"], "labels": data["labels"], "lazy_reset_grad": np.array([True]), **params,
+             **{f"{p}_grad.accumulation.buffer": np.zeros_like(v) for p, v in params.items()}}
+    if runtime == "tract":
+        with pytest.raises(Exception, match=r"Unimplemented\(SoftmaxCrossEntropyLoss\)"):
+            _run_any(runtime, model, feeds, tmp_path)
+        return
+    got = _run_any(runtime, model, feeds, tmp_path)
+    assert float(np.asarray(got["onnx::loss::2"])) == pytest.approx(float(torch_step["loss"]), rel=1e-5)
+    for p in params:
+        _close(np.asarray(got[f"{p}_grad.accumulation.buffer.updated"]), torch_step[f"grad.{p}"].astype(np.float64),
+               1e-4, f"{runtime} {p}")

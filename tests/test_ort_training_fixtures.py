@@ -144,11 +144,13 @@ def _bytes(directory: Path) -> int:
 
 def test_fixture_set_stays_small():
     """Every artifact directory stays tiny (issue 19's transformers are the largest, ~150 KB: their graphs,
-    not their parameters, dominate), the artifacts together and the one-node cases (ops/, one family module
-    each) have their own budgets: the whole set stays well under 2 MB."""
+    not their parameters, dominate); the artifacts together and the one-node cases (ops/, one family module
+    each) have their own budgets. Issue 20 raised the old single budget to 1.2 MB (the recurrent family's
+    ~105 KB of cases, its lstm/gru/lstm2 artifacts ~210 KB); issue 19's six artifacts add 790 KB: the whole set
+    stays under 2 MB, the hard limit of the repository."""
     artifacts = [p for p in (FIXTURES / "artifacts").iterdir() if p.is_dir()]
     sizes = {p.name: _bytes(p) for p in artifacts}
     assert max(sizes.values()) < 160_000, sizes
-    assert sum(sizes.values()) < 1_100_000, sizes
+    assert sum(sizes.values()) < 1_300_000, sizes
     assert _bytes(FIXTURES / "ops") < 700_000
-    assert _bytes(FIXTURES) < 1_850_000
+    assert _bytes(FIXTURES) < 2_000_000

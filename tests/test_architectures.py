@@ -7,7 +7,8 @@ takes every artifact directory: one train step against the training API's (loss 
 gradient within 1e-4 of max(its largest entry, 1e-3 of the model's largest gradient), parameters after the
 optimizer within 1e-5), the 20-step curve (1e-4), the optimizer step, and strict lowering of both models to
 standard ONNX that passes onnx.checker's full check. Here: that the recordings exercise what the issue lists
-(and are comparable at all: every Dropout ratio 0), `oplower lower --strict` and `oplower train` on each.
+(and are comparable at all: every Dropout ratio 0); `oplower lower --strict`, `train` and `eval` on each;
+`lower --verify` on whole training graphs; the portable train-step model's spelled-out training Dropout.
 """
 
 from __future__ import annotations

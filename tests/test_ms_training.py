@@ -264,8 +264,10 @@ def _forward_reference(feeds, epsilon=1e-5, momentum=0.9):
 @pytest.mark.parametrize("opset", [12, 13, 17, 18])
 @pytest.mark.parametrize("shape", [(6, 3), (2, 3, 7), (2, 3, 4, 5), (2, 3, 2, 3, 2)])
 @pytest.mark.parametrize("io_type,stat_type", [(F32, F32), (F16, F16), (F16, F32), (F64, F64)])
-def test_emit_batch_norm_internal_training(opset, shape, io_type, stat_type):
-    model = _emit_model(_plan(io_type, stat_type, len(shape), shape), opset, list(shape), shape[1])
+@pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])  # staged sums + Conv / ReduceMean
+def test_emit_batch_norm_internal_training(opset, shape, io_type, stat_type, static):
+    model = _emit_model(_plan(io_type, stat_type, len(shape), shape if static else None), opset, list(shape),
+                        shape[1])
     feeds = _forward_data(shape, io_type, stat_type)
     got = run_model(model, feeds)
     want = _forward_reference(feeds)
@@ -318,9 +320,9 @@ def test_emit_batch_norm_internal_inference_mode():
 
 
 def test_emit_batch_norm_internal_computes_only_what_is_requested():
-    def op_types(outputs):
+    def op_types(outputs, shape=None):
         b = NodeBuilder(17, "bni")
-        emit_batch_norm_internal(b, _plan(F32, F32, 4, (2, 3, 4, 4), outputs=outputs))
+        emit_batch_norm_internal(b, _plan(F32, F32, 4, shape, outputs=outputs))
         return [n.op_type for n in b.nodes if n.op_type != "Constant"]
 
     y_only = op_types(("Y",))
@@ -330,6 +332,11 @@ def test_emit_batch_norm_internal_computes_only_what_is_requested():
     stats_only = op_types(("saved_mean", "saved_inv_std"))
     assert "Add" in stats_only and stats_only.count("Mul") == 1  # no Y, no running update
     assert op_types(()) == []
+    # static dims: staged sums (last axis, then a ones MatMul over N) and Y as one depthwise Conv with bias
+    staged = op_types(("Y",), (2, 3, 4, 4))
+    assert "ReduceMean" not in staged and staged.count("MatMul") == 2 and staged.count("Conv") == 1
+    assert staged.count("Mul") == 3 and "Add" in staged  # mean and variance * 1/M, inv_std * scale; var + eps
+    assert op_types(("saved_mean", "saved_inv_std"), (2, 3, 4, 4)).count("Conv") == 0
 
 
 def test_emit_batch_norm_internal_momentum_extremes():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 from onnx import TensorProto
 
 from lowering.builder import NodeBuilder
@@ -46,6 +47,7 @@ class BatchNormInternalPlan:
     stat_type: int  # element type of input_mean, input_var and the statistics outputs
     rank: int | None  # None: unknown (viewed as [N, C, -1])
     x_shape: tuple | None = None  # static dims (int | str | None), used to fold 1/M into a constant
+    portable: bool = False  # the portable target: no Conv with runtime weights (Y as Mul + Add)
 
 
 class _Emitter(Emitter):
@@ -66,6 +68,32 @@ class _Emitter(Emitter):
         channels = self.b.op1("Gather", [self.b.op1("Shape", [x]), self.ints(1, "channel_axis")], axis=0)
         count = self.b.op1("Div", [self.b.op1("Size", [x]), channels])
         return self.b.op1("Reciprocal", [self.b.op1("Cast", [count], to=self.ct)])
+
+    def staged_shape(self) -> tuple[int, int, int] | None:
+        """(N, C, M/N) when X's dims are static, the computation f32 and the target takes Conv (onnxruntime has
+        no f64 Conv): the sums over a channel then go
+        in stages (see :meth:`staged_sum`), else None."""
+        p = self.p
+        if p.portable or self.ct != TensorProto.FLOAT or p.x_shape is None or p.rank is None or p.rank < 3:
+            return None
+        if len(p.x_shape) != p.rank:
+            return None
+        if not all(isinstance(d, int) and d > 0 for d in p.x_shape):
+            return None
+        return p.x_shape[0], p.x_shape[1], math.prod(p.x_shape[2:])
+
+    def staged_sum(self, op_type: str, x: str, staged: tuple[int, int, int], view_shape: list[int],
+                   inv_count: str) -> str:
+        """``op_type`` (ReduceSum or ReduceSumSquare) over every axis but 1, times ``inv_count``, as
+        [1, C, 1, ...]: first over the contiguous last axis of an [N, C, M/N] view, then over N by a MatMul
+        with a ones row. onnxruntime's reductions that keep an inner axis have no fast path (ReduceSumSquare
+        over axes 0, 2, 3 of [32, 16, 32, 32]: 1.9 ms in the ResNet step); the staged sums are no less
+        accurate (shorter sums)."""
+        b = self.b
+        n, c, rest = staged
+        rows = self.reduce(op_type, b.op1("Reshape", [x, self.ints([n, c, rest], "rows")]), (2,), keepdims=0)
+        total = b.op1("MatMul", [b.const(np.ones((1, n), self.np_ct), hint="ones"), rows])  # [1, C]
+        return b.op1("Reshape", [b.op1("Mul", [total, inv_count]), self.ints([1, *view_shape], "stat_view")])
 
     # -- the lowering ----------------------------------------------------------------------------
     def emit(self) -> None:
@@ -97,7 +125,13 @@ class _Emitter(Emitter):
             return v if len(view_shape) == 1 else b.op1("Reshape", [v, self.ints(view_shape)])
 
         eps = self.scalar(p.epsilon, "epsilon")
-        if p.training:
+        staged = self.staged_shape() if p.training else None
+        if staged is not None:
+            inv_m = self.inv_count(x)
+            mean = self.staged_sum("ReduceSum", x, staged, view_shape, inv_m)
+            centred = b.op1("Sub", [x, mean])
+            variance = self.staged_sum("ReduceSumSquare", centred, staged, view_shape, inv_m)
+        elif p.training:
             mean = self.reduce("ReduceMean", x, axes)  # keepdims: [1, C, 1, ...]
             centred = b.op1("Sub", [x, mean])
             variance = b.op1("Mul", [self.reduce("ReduceSumSquare", centred, axes),
@@ -110,8 +144,22 @@ class _Emitter(Emitter):
 
         if p.y is not None:
             a = b.op1("Mul", [inv_std, per_channel(p.scale, p.io_type)])
-            y_inputs = [b.op1("Mul", [centred, a]), per_channel(p.bias, p.io_type)]
-            if restore is None:
+            if staged is not None and p.rank > 2:
+                # Y = centred * a + B as a depthwise 1x1 Conv with bias: one two-pass kernel instead of Mul and
+                # Add (four passes)
+                weights = b.op1("Reshape", [a, self.ints([-1] + [1] * (p.rank - 1), "depthwise_kernel")])
+                bias = b.op1("Reshape", [self.up(p.bias, p.io_type), self.ints([-1], "flat")])
+                conv = {"group": staged[1], "kernel_shape": [1] * (p.rank - 2)}
+                if p.io_type == self.ct:
+                    b.op1("Conv", [centred, weights, bias], p.y, **conv)
+                else:
+                    b.op1("Cast", [b.op1("Conv", [centred, weights, bias], **conv)], p.y, to=p.io_type)
+                y_inputs = None
+            else:
+                y_inputs = [b.op1("Mul", [centred, a]), per_channel(p.bias, p.io_type)]
+            if y_inputs is None:
+                pass
+            elif restore is None:
                 self.finish("Add", y_inputs, p.y, p.io_type)
             else:
                 self.finish("Reshape", [b.op1("Add", y_inputs), restore], p.y, p.io_type)
@@ -154,8 +202,8 @@ def _input_type(request: LoweringRequest, role: str):
     return inference.input_types[inference.schema.input_index(inference.binding.arg(role))]
 
 
-# One form for every target: ReduceMean/ReduceSum, elementwise arithmetic, Reshape and Cast only (no
-# BatchNormalization, no Conv), so the portable output is the onnxruntime one.
+# The portable target: ReduceMean/ReduceSum, elementwise arithmetic, Reshape and Cast only (no
+# BatchNormalization, no Conv). The onnxruntime target with static dims: staged sums and Y as a Conv.
 @register_rule("batch_norm_internal", targets=TARGETS)
 def lower_batch_norm_internal(b: NodeBuilder, request: LoweringRequest) -> None:
     """BatchNormInternal -> standard ONNX; outputs nobody consumes are not computed."""
@@ -179,6 +227,6 @@ def lower_batch_norm_internal(b: NodeBuilder, request: LoweringRequest) -> None:
         epsilon=float(epsilon), momentum=float(_attribute(request, "momentum")),
         io_type=x_type.elem_type, stat_type=stat_type.elem_type,
         rank=inference.rank if inference.rank is not None else x_type.rank,
-        x_shape=x_type.shape,
+        x_shape=x_type.shape, portable=request.options.target == "portable",
     )
     emit_batch_norm_internal(b, plan)

@@ -137,7 +137,14 @@ def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameter
     dy_t = b.op1("Transpose", [b.op1("Reshape", [dy, e.ints([0, group, m // group, -1], "dy_groups")])],
                  perm=[0, 1, 3, 2])  # [N, g, P, M/g]
     per_image = b.op1("MatMul", [cols, dy_t])  # [N, g, C/g*K, M/g]
-    summed = e.reduce("ReduceSum", per_image, (0,), keepdims=0)  # [g, C/g*K, M/g]
+    images = x_shape[0] if x_shape is not None else None
+    if isinstance(images, int):  # a MatMul with a ones row sums the images: onnxruntime's ReduceSum over axis 0
+        # took 6.2 ms on [32, 576, 64] in the ResNet step, the MatMul 1.7 (the whole dW 8.8 against 3.7 ms)
+        flat = b.op1("Reshape", [per_image, e.ints([images, -1], "per_image_rows")])
+        summed = b.op1("Reshape", [b.op1("MatMul", [b.const(np.ones((1, images), np.float32), hint="ones"), flat]),
+                                   e.ints([group, per_group * k, m // group], "summed")])  # [g, C/g*K, M/g]
+    else:
+        summed = e.reduce("ReduceSum", per_image, (0,), keepdims=0)  # [g, C/g*K, M/g]
     w_t = b.op1("Transpose", [summed], perm=[0, 2, 1])  # [g, M/g, C/g*K]
     _final(e, out, io, lambda target: b.op1("Reshape", [w_t, e.ints(list(w_shape), "w_shape")], target))
 

@@ -335,7 +335,7 @@ def test_emit_batch_norm_internal_computes_only_what_is_requested():
     # static dims: staged sums (last axis, then a ones MatMul over N) and Y as one depthwise Conv with bias
     staged = op_types(("Y",), (2, 3, 4, 4))
     assert "ReduceMean" not in staged and staged.count("MatMul") == 2 and staged.count("Conv") == 1
-    assert staged.count("Mul") == 3 and "Add" in staged  # mean and variance * 1/M, inv_std * scale; var + eps
+    assert staged.count("Mul") == 4 and "Add" in staged  # centred², mean and variance * 1/M, inv_std * scale
     assert op_types(("saved_mean", "saved_inv_std"), (2, 3, 4, 4)).count("Conv") == 0
 
 

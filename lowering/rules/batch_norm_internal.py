@@ -91,7 +91,10 @@ class _Emitter(Emitter):
         accurate (shorter sums)."""
         b = self.b
         n, c, rest = staged
-        rows = self.reduce(op_type, b.op1("Reshape", [x, self.ints([n, c, rest], "rows")]), (2,), keepdims=0)
+        view = b.op1("Reshape", [x, self.ints([n, c, rest], "rows")])
+        if op_type == "ReduceSumSquare":  # ReduceSumSquare over the last axis took 0.43 ms on [32, 16, 1024],
+            op_type, view = "ReduceSum", b.op1("Mul", [view, view])  # Mul and ReduceSum 0.15
+        rows = self.reduce(op_type, view, (2,), keepdims=0)
         total = b.op1("MatMul", [b.const(np.ones((1, n), self.np_ct), hint="ones"), rows])  # [1, C]
         return b.op1("Reshape", [b.op1("Mul", [total, inv_count]), self.ints([1, *view_shape], "stat_view")])
 

@@ -3,6 +3,7 @@
     /work/ortt-venv/bin/python tools/ort_training/native_step.py make resnet_cifar --batch 32 --out DIR
     /work/ortt-venv/bin/python tools/ort_training/native_step.py time DIR --steps 30 [--threads 2] [--spin]
 
+    /work/ortt-venv/bin/python tools/ort_training/native_step.py memory DIR [--steps 5]
     /work/ortt-venv/bin/python tools/ort_training/native_step.py bench --out native.json [--artifact DIR]
         [--batches 4 64 256] [--threads 1 2] [--steps 20]
 
@@ -17,6 +18,8 @@ spins, which on 2 cores takes them from whatever runs next).
 that ``oplower bench --training`` runs, and writes the JSON that the bench's ``--ort-training-json`` reads
 (its onnxruntime-training column). A batch other than the artifact's own runs on a copy whose data inputs and
 activations are re-declared, as the bench's ``with_batch`` does, with seeded random data.
+``memory`` prints the resident memory before the first step and the peak during the steps (for
+``tools/step_memory.py``).
 """
 
 from __future__ import annotations
@@ -177,6 +180,45 @@ def time_native(directory: Path, steps: int, threads: int, spin: bool, data: dic
     return {"median_ms": float(np.median(times) * 1e3), "steps": steps, "threads": threads, "spin": spin}
 
 
+def memory_now() -> dict:
+    """VmRSS and VmHWM (the peak since the last reset) of this process, MB."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return {k: int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM")}
+
+
+def reset_peak() -> None:
+    """Reset VmHWM to the current RSS (Linux: 5 > /proc/self/clear_refs)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def memory_native(directory: Path, steps: int, threads: int) -> dict:
+    """Peak resident memory of ``steps`` native steps: RSS before the first step, the peak during the steps
+    (VmHWM reset just before them), MB. ``tools/step_memory.py`` runs this in a fresh process."""
+    import gc
+
+    import onnxruntime as ort
+    from onnxruntime.training.api import CheckpointState, Module, Optimizer
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    state = CheckpointState.load_checkpoint(str(directory / "checkpoint"))
+    module = Module(str(directory / "training_model.onnx"), state, device="cpu", session_options=options)
+    optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
+    data = np.load(directory / "data.npz")
+    x, y = data["input"], data["labels"]
+    module.train()
+    gc.collect()
+    before = memory_now()["VmRSS"]
+    reset_peak()
+    for _ in range(steps):
+        module(x, y)
+        optimizer.step()
+        module.lazy_reset_grad()
+    return {"side": "onnxruntime-training", "rss_before_mb": before, "peak_mb": memory_now()["VmHWM"],
+            "steps": steps, "threads": threads}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -195,8 +237,14 @@ def main() -> int:
     c.add_argument("--batches", type=int, nargs="+", default=[4, 64, 256])
     c.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     c.add_argument("--steps", type=int, default=20)
+    mem = sub.add_parser("memory")
+    mem.add_argument("directory", type=Path)
+    mem.add_argument("--steps", type=int, default=5)
+    mem.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    if args.command == "make":
+    if args.command == "memory":
+        print(json.dumps(memory_native(args.directory, args.steps, args.threads)))
+    elif args.command == "make":
         make(args.network, args.batch, args.out)
     elif args.command == "bench":
         result = bench(args.artifact, args.batches, args.threads, args.steps)

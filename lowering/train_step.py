@@ -264,22 +264,28 @@ def _flat_update(b: NodeBuilder, lr: str, scalars, adamw: AdamW | None, group: l
     flat_shape = b.const(np.array([-1], np.int64), hint="flat")
     sizes = [int(np.prod(_static_shape(inputs[p]), dtype=np.int64)) for p in group]
 
-    def concat(names: list[str], hint: str) -> str:
-        return b.op1("Concat", [b.op1("Reshape", [n, flat_shape]) for n in names], axis=0, hint=hint)
+    flat = [len(_static_shape(inputs[p])) == 1 for p in group]  # 1-D already: no Reshape either way
 
-    def split(flat: str, names: list[str]) -> None:
+    def concat(names: list[str], hint: str) -> str:
+        pieces = [n if is_flat else b.op1("Reshape", [n, flat_shape]) for n, is_flat in zip(names, flat, strict=True)]
+        return b.op1("Concat", pieces, axis=0, hint=hint)
+
+    def split(flat_value: str, names: list[str]) -> None:
+        # 1-D pieces are the outputs themselves; the others are reshaped into them
+        targets = [f"{n}.updated" if is_flat else b.fresh("piece") for n, is_flat in zip(names, flat, strict=True)]
         if portable:
             ends = np.cumsum(sizes)
-            pieces = [b.op1("Slice", [flat, b.const(np.array([end - size], np.int64), hint="start"),
-                                      b.const(np.array([end], np.int64), hint="end")])
-                      for size, end in zip(sizes, ends, strict=True)]
+            for size, end, target in zip(sizes, ends, targets, strict=True):
+                b.op1("Slice", [flat_value, b.const(np.array([end - size], np.int64), hint="start"),
+                                b.const(np.array([end], np.int64), hint="end")], target)
         elif b.opset < 13:  # the sizes an attribute
-            pieces = b.op("Split", [flat], len(names), axis=0, split=sizes)
+            b.op("Split", [flat_value], targets, axis=0, split=sizes)
         else:
-            pieces = b.op("Split", [flat, b.const(np.array(sizes, np.int64), hint="sizes")], len(names), axis=0)
-        for piece, name, p in zip(pieces, names, group, strict=True):
-            b.op1("Reshape", [piece, b.const(np.array(_static_shape(inputs[p]), np.int64), hint="shape")],
-                  f"{name}.updated")
+            b.op("Split", [flat_value, b.const(np.array(sizes, np.int64), hint="sizes")], targets, axis=0)
+        for target, name, p, is_flat in zip(targets, names, group, flat, strict=True):
+            if not is_flat:
+                b.op1("Reshape", [target, b.const(np.array(_static_shape(inputs[p]), np.int64), hint="shape")],
+                      f"{name}.updated")
 
     w, g = concat(list(group), "flat_params"), concat([gradients[p] for p in group], "flat_gradients")
     if adamw is None:

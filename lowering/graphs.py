@@ -130,6 +130,23 @@ def default_opset(opset_import: Iterable[onnx.OperatorSetIdProto]) -> int | None
     return versions.get("", versions.get("ai.onnx"))
 
 
+def merge_opsets(opset_import) -> bool:
+    """Keep the first of several imports of one domain ("" and "ai.onnx" are one; the versions are equal,
+    :func:`lowering.modelio.check_structure` refuses others); returns whether any was dropped."""
+    seen: set[str] = set()
+    kept = []
+    for o in opset_import:
+        key = "" if o.domain == "ai.onnx" else o.domain
+        if key not in seen:
+            seen.add(key)
+            kept.append((o.domain, o.version))
+    if len(kept) == len(opset_import):
+        return False
+    del opset_import[:]
+    opset_import.extend(onnx.OperatorSetIdProto(domain=d, version=v) for d, v in kept)
+    return True
+
+
 def drop_opsets(opset_import, domains: Iterable[str]) -> None:
     """Remove the imports of ``domains`` from a repeated OperatorSetIdProto field."""
     drop = set(domains)

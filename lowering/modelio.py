@@ -64,11 +64,30 @@ def check_structure(model: onnx.ModelProto, source: str = "the model") -> None:
     if model.ir_version > onnx.IR_VERSION:
         raise ModelError(f"{source}: IR version {model.ir_version} is newer than this onnx reads "
                          f"({onnx.IR_VERSION})")
+    _check_opsets(model.opset_import, source, "the model")
+    for vi in model.graph.input:  # onnx.checker relaxes this for subgraphs only
+        if vi.type.WhichOneof("value") is None:
+            raise ModelError(f"{source}: the main graph: input '{_text(vi.name)}' declares no type (onnx.checker "
+                             "requires an element type or other kind on every graph input)")
     _Structure(source).graph(model.graph, frozenset(), "the main graph")
     for function in model.functions:
         where = f"function {_text(function.domain)}::{_text(function.name)}"
+        _check_opsets(function.opset_import, source, where)
         _Structure(source).body(list(function.input), (), function.node, list(function.output), frozenset(), where)
     _check_strings(model, "model", source)
+
+
+def _check_opsets(opset_import, source: str, where: str) -> None:
+    """One version per domain ("" and "ai.onnx" are one domain): two different ones are refused, naming both
+    (equal ones are merged by the lowering pass)."""
+    seen: dict[str, tuple[str, int]] = {}
+    for o in opset_import:
+        domain = _text(o.domain)
+        key = "" if domain == "ai.onnx" else domain
+        first = seen.setdefault(key, (domain, o.version))
+        if first[1] != o.version:
+            raise ModelError(f"{source}: {where} imports opsets '{first[0]}' {first[1]} and '{domain}' {o.version}: "
+                             f"two versions of one domain{' (the default domain)' if key == '' else ''}; keep one")
 
 
 def _check_strings(model: onnx.ModelProto, where: str, source: str) -> None:

@@ -206,7 +206,9 @@ class _Lowering:
 
     def run(self) -> tuple[onnx.ModelProto, bool]:
         model = self.model
-        modified = False
+        modified = graphs.merge_opsets(model.opset_import)
+        for function in model.functions:
+            modified |= graphs.merge_opsets(function.opset_import)
         if graphs.default_opset(model.opset_import) is None:
             model.opset_import.add(domain="", version=DEFAULT_OPSET)
             modified = True
@@ -390,9 +392,28 @@ class _Lowering:
         for name, t in zip(node.output, output_types, strict=False):
             if t is None or name not in wanted:
                 continue
+            if name in scope.outputs and graph is self.model.graph:
+                _complete_output(graph, name, t)
             if isinstance(graph, onnx.GraphProto) and name not in local and t.elem_type is not None:
                 graph.value_info.add(name=name).type.CopyFrom(tensor_type_to_proto(t))
             local[name] = t
+
+
+def _complete_output(graph: onnx.GraphProto, name: str, t: TensorType) -> None:
+    """A main-graph output declared without a type, element type or shape gets the inferred ones: onnx.checker
+    requires them there (and the lowered model is checked before it is written)."""
+    vi = next((o for o in graph.output if o.name == name), None)
+    if vi is None or t.elem_type is None or t.container not in (None, "seq", "optional"):
+        return
+    kind = vi.type.WhichOneof("value")
+    if kind is None:
+        vi.type.CopyFrom(tensor_type_to_proto(t))
+    elif kind == "tensor_type" and t.container is None:
+        tensor = vi.type.tensor_type
+        if not tensor.elem_type:
+            tensor.elem_type = t.elem_type
+        if not tensor.HasField("shape") and t.shape is not None:
+            tensor.shape.CopyFrom(tensor_type_to_proto(t).tensor_type.shape)
 
 
 def _renamed(inference: NodeInference, names: tuple[str, ...], node: onnx.NodeProto) -> NodeInference:

@@ -14,8 +14,16 @@ Dim = int | str | None  # int: known size; str: symbolic (dim_param); None: unkn
 
 @dataclass(frozen=True)
 class TensorType:
+    """What is known of a value's type: a tensor's element type and shape, or a non-tensor's kind.
+
+    ``container`` is None for a tensor; "seq" or "optional" for a sequence or optional of tensors (then
+    ``elem_type`` is the tensors' and ``shape`` None: an element's shape is not part of the type); for
+    any other non-tensor (a map, a sequence of sequences ...) its ONNX spelling, ``elem_type`` None.
+    """
+
     elem_type: int | None  # onnx.TensorProto element type; None: unknown
     shape: tuple[Dim, ...] | None  # None: unknown rank
+    container: str | None = None
 
     @property
     def rank(self) -> int | None:

@@ -23,7 +23,7 @@ from opdef.errors import SpecError, VerificationError
 from opdef.registry import Entry, Registry, load_schemas
 from opdef.schema import Argument, Attribute
 from opdef.types import ONNX_ELEM_TYPE, TYPE_CLASSES, normalize_type, sequence_element
-from opdef.verify import infer_with_schema, onnx_attribute_kind, tensor_type_from_proto, tensor_type_to_proto
+from opdef.verify import infer_with_schema, onnx_attribute_kind, tensor_type_to_proto, value_type_from_proto
 
 __all__ = ["lenient_inference", "register_onnx_schemas", "to_onnx_schema", "unregister_onnx_schemas"]
 
@@ -226,7 +226,7 @@ def _node_from_context(ctx, entry: Entry):
         name = f"input:{i}"
         inputs.append(name)
         tp = ctx.get_input_type(i)
-        value_types[name] = tensor_type_from_proto(tp) if tp is not None else None
+        value_types[name] = value_type_from_proto(tp) if tp is not None else None
     outputs = [f"output:{i}" if ctx.has_output(i) else "" for i in range(ctx.get_num_outputs())]
     match = _DISPLAY_NAME.search(ctx.get_display_name() or "")
     node = helper.make_node(entry.binding.op_type, inputs, outputs, name=match.group(1) if match else "",

@@ -34,15 +34,16 @@ from opdef.rules.base import (
     RuleResult,
     bound_roles,
     format_elem,
+    format_kind,
     format_shape,
     format_type,
     merge_shape,
 )
 from opdef.schema import Argument, Attribute, OpSchema
-from opdef.types import ONNX_ELEM_TYPE, TYPE_CLASSES, normalize_type
+from opdef.types import ONNX_ELEM_TYPE, TYPE_CLASSES, normalize_type, sequence_element, type_name
 
 __all__ = ["format_shape", "format_type", "infer_node", "infer_with_schema", "onnx_attribute_kind",
-           "tensor_type_from_proto", "tensor_type_to_proto", "value_types_of_graph"]
+           "tensor_type_from_proto", "tensor_type_to_proto", "value_type_from_proto", "value_types_of_graph"]
 
 
 # -- one node --------------------------------------------------------------------------------------
@@ -239,11 +240,39 @@ def _elem_types(names: Iterable[str]) -> frozenset[int] | None:
     return _elem_types_of(tuple(names))
 
 
+def _element_of(name: str) -> str:
+    """A spec type's element type: ``seq(f32)`` -> ``f32``, ``f32`` -> ``f32`` (normalized)."""
+    norm = normalize_type(name)
+    element = sequence_element(norm)
+    return norm if element is None else element
+
+
+@functools.lru_cache(maxsize=1024)
+def container_of(names: tuple[str, ...]) -> str | None:
+    """What an argument with these spec types takes: "seq" when every one is a sequence (``seq(f32)``),
+    else None (a tensor)."""
+    return "seq" if names and all(sequence_element(normalize_type(n)) is not None for n in names) else None
+
+
+def _allowed_names(ctx: NodeContext, arg: Argument) -> tuple[str, ...]:
+    return tuple(arg.types or ctx.schema.type_constraint_map.get(arg.type_var or "", ()))
+
+
+def _kind_problem(t: TensorType, wants: str | None, allowed_names: tuple[str, ...]) -> str | None:
+    """Why a value of type ``t`` cannot be an argument taking ``wants`` (None: fine)."""
+    if t.container == wants:
+        return None
+    article = "an" if format_kind(t)[0] in "aeiou" else "a"
+    needed = "a sequence" if wants == "seq" else "a tensor"
+    allowed = ", ".join(normalize_type(n) for n in allowed_names)
+    return f"is {article} {format_kind(t)}; {needed} is required" + (f" (allowed: {allowed})" if allowed else "")
+
+
 @functools.lru_cache(maxsize=4096)  # a schema's few type lists, asked for by every node
 def _elem_types_of(names: tuple[str, ...]) -> frozenset[int] | None:
     out = set()
     for name in names:
-        norm = normalize_type(name)
+        norm = _element_of(name)
         for t in TYPE_CLASSES.get(norm, (norm,)):
             if t in ONNX_ELEM_TYPE:
                 out.add(ONNX_ELEM_TYPE[t])
@@ -251,14 +280,17 @@ def _elem_types_of(names: tuple[str, ...]) -> frozenset[int] | None:
 
 
 def _check_types(ctx: NodeContext) -> None:
-    schema = ctx.schema
-    constraints = schema.type_constraint_map
     bound: dict[str, tuple[int, str]] = {}  # var -> (element type, the argument it came from)
     present = [(a, t) for a, v, t in zip(ctx.input_args, ctx.inputs, ctx.input_types, strict=True) if v is not None]
     for arg, t in present:
-        if t is None or t.elem_type is None:
+        if t is None:
             continue
-        allowed_names = arg.types or constraints.get(arg.type_var or "", ())
+        allowed_names = _allowed_names(ctx, arg)
+        problem = _kind_problem(t, container_of(allowed_names), allowed_names)
+        if problem is not None:
+            raise ctx.error(f"{arg.name} {problem}")
+        if t.elem_type is None:
+            continue
         allowed = _elem_types(allowed_names)
         if allowed is not None and t.elem_type not in allowed:
             via = f" for {arg.type_var}" if arg.type_var and not arg.types else ""
@@ -277,7 +309,7 @@ def _check_types(ctx: NodeContext) -> None:
     ctx.type_vars.update(type_vars)
     for i, (arg, value) in enumerate(zip(ctx.output_args, ctx.outputs, strict=True)):
         if value is not None and arg.type_var in type_vars:
-            ctx.output_types[i] = TensorType(type_vars[arg.type_var], None)
+            ctx.output_types[i] = TensorType(type_vars[arg.type_var], None, container_of(_allowed_names(ctx, arg)))
 
 
 def _check_combinations(ctx: NodeContext, type_vars: dict[str, int]) -> dict[str, int]:
@@ -302,7 +334,7 @@ def _check_combinations(ctx: NodeContext, type_vars: dict[str, int]) -> dict[str
 @functools.lru_cache(maxsize=256)
 def _combination_table(combos: tuple[tuple[tuple[str, str], ...], ...]) -> tuple[dict[str, int | None], ...]:
     """The supported-combination table as element types, once per schema (callers only read the rows)."""
-    return tuple({v: ONNX_ELEM_TYPE.get(normalize_type(t)) for v, t in combo} for combo in combos)
+    return tuple({v: ONNX_ELEM_TYPE.get(_element_of(t)) for v, t in combo} for combo in combos)
 
 
 def _check_type_rules(ctx: NodeContext, type_vars: dict[str, int]) -> None:
@@ -336,7 +368,12 @@ def _check_declared_outputs(ctx: NodeContext, value_types: Mapping[str, TensorTy
         declared = value_types.get(value) if value is not None else None
         if declared is None:
             continue
-        inferred = ctx.output_types[i] or TensorType(None, None)
+        allowed_names = _allowed_names(ctx, arg)
+        wants = container_of(allowed_names)
+        if declared.container != wants:
+            writes = f"a sequence ({', '.join(allowed_names)})" if wants == "seq" else "a tensor"
+            raise ctx.error(f"{arg.name} ('{value}') is declared {format_kind(declared)}; the op writes {writes}")
+        inferred = ctx.output_types[i] or TensorType(None, None, wants)
         elem = inferred.elem_type
         if declared.elem_type is not None and elem is not None and declared.elem_type != elem:
             raise ctx.error(f"{arg.name} ('{value}') is declared {format_elem(declared.elem_type)}; "
@@ -348,7 +385,7 @@ def _check_declared_outputs(ctx: NodeContext, value_types: Mapping[str, TensorTy
                             f"inferred {format_shape(inferred.shape)}") from None
         if inferred.shape is not None:
             shape = inferred.shape if shape is None else shape
-        ctx.output_types[i] = TensorType(elem if elem is not None else declared.elem_type, shape)
+        ctx.output_types[i] = TensorType(elem if elem is not None else declared.elem_type, shape, wants)
 
 
 # -- value types from ONNX protos ------------------------------------------------------------------
@@ -368,7 +405,46 @@ def tensor_type_from_proto(tp: onnx.TypeProto) -> TensorType | None:
     return TensorType(elem, tuple(dims))
 
 
+def value_type_from_proto(tp: onnx.TypeProto) -> TensorType | None:
+    """A TypeProto as a :class:`TensorType`: tensors as :func:`tensor_type_from_proto`, a sequence or optional
+    of tensors with ``container`` "seq" / "optional", any other non-tensor with its spelling; None when
+    the type says nothing (no kind set)."""
+    kind = tp.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "tensor_type":
+        return tensor_type_from_proto(tp)
+    if kind in ("sequence_type", "optional_type"):
+        inner = getattr(tp, kind).elem_type
+        if inner.WhichOneof("value") == "tensor_type":
+            return TensorType(inner.tensor_type.elem_type or None, None,
+                              "seq" if kind == "sequence_type" else "optional")
+    return TensorType(None, None, _spelled(tp))
+
+
+def _spelled(tp: onnx.TypeProto) -> str:
+    """``seq(seq(tensor(f32)))``, ``map(s64,tensor(f32))``: a type as ONNX spells it (spec element names)."""
+    kind = tp.WhichOneof("value")
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        elem = getattr(tp, kind).elem_type
+        word = "tensor" if kind == "tensor_type" else "sparse_tensor"
+        return f"{word}({type_name(elem) if elem else '?'})"
+    if kind == "sequence_type":
+        return f"seq({_spelled(tp.sequence_type.elem_type)})"
+    if kind == "optional_type":
+        return f"optional({_spelled(tp.optional_type.elem_type)})"
+    if kind == "map_type":
+        return f"map({type_name(tp.map_type.key_type)},{_spelled(tp.map_type.value_type)})"
+    return kind or "?"
+
+
 def tensor_type_to_proto(t: TensorType) -> onnx.TypeProto:
+    """The TypeProto of a tensor, or of a sequence or optional of tensors (``t.container``)."""
+    if t.container in ("seq", "optional"):
+        tp = onnx.TypeProto()
+        inner = tensor_type_to_proto(TensorType(t.elem_type, t.shape))
+        (tp.sequence_type if t.container == "seq" else tp.optional_type).elem_type.CopyFrom(inner)
+        return tp
     tp = onnx.TypeProto()
     tp.tensor_type.elem_type = t.elem_type or TensorProto.UNDEFINED
     if t.shape is not None:
@@ -395,8 +471,10 @@ def value_types_of_graph(graph: onnx.GraphProto | onnx.FunctionProto,
         for sparse in graph.sparse_initializer:
             types[sparse.values.name] = TensorType(sparse.values.data_type, tuple(int(d) for d in sparse.dims))
     for vi in declared:
-        t = tensor_type_from_proto(vi.type)
-        if t is not None:
+        t = value_type_from_proto(vi.type)
+        if t is not None and (t.container is not None or (types.get(vi.name) or t).container is not None):
+            types[vi.name] = t
+        elif t is not None:
             try:
                 types[vi.name] = TensorType(t.elem_type or (types.get(vi.name) or t).elem_type,
                                             merge_shape(t.shape, (types.get(vi.name) or t).shape))

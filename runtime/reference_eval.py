@@ -24,7 +24,14 @@ from opdef.errors import ModelError, OplowerError, RuntimeFailure, VerificationE
 from opdef.graphs import all_nodes
 from opdef.registry import Entry, Registry
 from opdef.rules.pool_grad import pool_parameters
-from runtime import reference, reference_normalization, reference_training, reference_updates
+from runtime import (
+    reference,
+    reference_activations,
+    reference_normalization,
+    reference_shape,
+    reference_training,
+    reference_updates,
+)
 
 SINGLE_OUTPUT_MODES = ("spec", "upstream")
 # An omitted output ("") of a custom node is renamed to this prefix + a number on the evaluator's copy:
@@ -341,6 +348,89 @@ def _simplified_layer_norm(n: _Node, exact: bool, single_output: str) -> tuple:
 
 RULES |= {"softmax_grad": _softmax_grad, "layer_norm_grad": _layer_norm_grad,
           "simplified_layer_norm": _simplified_layer_norm}
+# -- the shape and matmul ops of onnxruntime-training's graphs (runtime.reference_shape); ConcatTraining's
+# -- inputs and SplitTraining's outputs are variadic: every position, in order
+
+def _fused_matmul(n: _Node, exact: bool, single_output: str) -> tuple:
+    a = n.input("A")
+    flags = {key: int(n.attribute(role, 0)) for key, role in (("trans_a", "transA"), ("trans_b", "transB"),
+                                                              ("trans_batch_a", "transBatchA"),
+                                                              ("trans_batch_b", "transBatchB"))}
+    try:
+        y = reference_shape.fused_matmul(a, n.input("B"), alpha=float(n.attribute("alpha", 1.0)), **flags)
+    except ValueError as exc:
+        raise n.fail(str(exc)) from None
+    return _rounded(n, exact, {"Y": y}, a.dtype)
+
+
+def _gather_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy = n.input("dY")
+    try:
+        dx = reference_shape.gather_grad(n.input("shape"), n.input("indices"), dy, int(n.attribute("axis", 0)))
+    except ValueError as exc:
+        raise n.fail(str(exc)) from None
+    return _rounded(n, exact, {"dX": dx}, dy.dtype)
+
+
+def _slice_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy = n.input("dY")
+    try:
+        dx = reference_shape.slice_grad(dy, n.input("shape"), n.input("starts"), n.input("ends"),
+                                        n.input("axes", required=False), n.input("steps", required=False))
+    except ValueError as exc:
+        raise n.fail(str(exc)) from None
+    return _rounded(n, exact, {"dX": dx}, dy.dtype)
+
+
+def _concat_training(n: _Node, exact: bool, single_output: str) -> tuple:
+    del exact  # a concatenation is exact in any type
+    values, lengths = reference_shape.concat_training([np.asarray(v) for v in n.inputs], int(n.attribute("axis")))
+    return n.results({"concat_result": (values, None), "per_input_length": (lengths, None)})
+
+
+def _split_training(n: _Node, exact: bool, single_output: str) -> tuple:
+    del exact
+    try:
+        pieces = reference_shape.split_training(n.input("input"), n.input("split"), int(n.attribute("axis", 0)))
+    except ValueError as exc:
+        raise n.fail(str(exc)) from None
+    if len(pieces) != len(n.node.output):
+        raise n.fail(f"split has {len(pieces)} entries for {len(n.node.output)} outputs")
+    return tuple(pieces)  # an omitted output's piece is computed and dropped, as any unread value
+
+
+RULES |= {"fused_matmul": _fused_matmul, "gather_grad": _gather_grad, "slice_grad": _slice_grad,
+          "concat_training": _concat_training, "split_training": _split_training}
+# -- onnxruntime-training's activation family (runtime.reference_activations): one output each, rounded to the
+# -- type of the first input
+
+def _activation(function, inputs: tuple[str, ...], output: str, alpha: bool = False):
+    def evaluate(n: _Node, exact: bool, single_output: str) -> tuple:
+        values = [n.input(role) for role in inputs]
+        extra = {"alpha": float(n.attribute("alpha"))} if alpha else {}
+        return _rounded(n, exact, {output: function(*values, **extra)}, values[0].dtype)
+    return evaluate
+
+
+def _dropout_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy = n.input("dy")
+    ratio = n.input("ratio", required=False) if n.has_input("ratio") else None
+    dx = reference_activations.dropout_grad(dy, n.input("mask"), None if ratio is None or ratio.size == 0 else ratio)
+    return _rounded(n, exact, {"dx": dx}, dy.dtype)
+
+
+_ACT = reference_activations
+RULES |= {"tanh_grad": _activation(_ACT.tanh_grad, ("dY", "Y"), "dX"),
+          "leaky_relu_grad": _activation(_ACT.leaky_relu_grad, ("dY", "Y"), "dX", alpha=True),
+          "quick_gelu": _activation(_ACT.quick_gelu, ("X",), "Y", alpha=True),
+          "quick_gelu_grad": _activation(_ACT.quick_gelu_grad, ("dY", "X"), "dX", alpha=True),
+          "gelu_grad": _activation(_ACT.gelu_grad, ("dY", "X"), "dX"),
+          "fast_gelu_grad": _activation(_ACT.fast_gelu_grad, ("dY", "X"), "dX"),
+          "gelu": _activation(_ACT.gelu, ("X",), "Y"),
+          "bias_gelu": _activation(_ACT.bias_gelu, ("A", "B"), "C"),
+          "bias_gelu_grad": _activation(_ACT.bias_gelu_grad, ("dY", "X", "B"), "dX"),
+          "bias_fast_gelu_grad": _activation(_ACT.bias_fast_gelu_grad, ("dY", "X", "B"), "dX"),
+          "dropout_grad": _dropout_grad}
 
 
 def op_classes(registry: Registry, *, exact: bool = False, single_output: str = "spec") -> list[type[OpRun]]:

@@ -38,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lowering.final_check import check_lowered
     from lowering.passes import lower_model_with_report
     from opdef.registry import load_schemas
 
@@ -53,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         lowered, report = lower_model_with_report(model, registry=registry,
                                                   onednn_single_output=args.onednn_single_output,
                                                   target=args.target)
+        check_lowered(lowered, model)  # the guarantee: nothing is written that the checker or onnxruntime refuses
     except OplowerError as exc:
         raise InFile(source, exc) from exc
     print(f"{source} -> {target}: {report.summary()}")

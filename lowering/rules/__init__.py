@@ -35,6 +35,9 @@ PORTABLE_OPS = frozenset({
     # windows of im2col/col2im, lowering/rules/im2col.py); Range over a runtime class count (the class ids of
     # SoftmaxCrossEntropyLossGrad's one-hot).
     "Pad", "Range",
+    # For the activation family (lowering/rules/activation_grad.py; elementwise, checked in onnxruntime, OpenVINO,
+    # tract and onnx.reference by tests/test_activation_grads.py): the transcendental functions its forms use.
+    "Erf", "Tanh", "Sigmoid",
     # For the optimizers (their model's own inputs are tensor sequences, so a runtime without sequences cannot
     # take the model at all, lowered or not): the Loop over the sequence and its sequence ops. Every input
     # of these may be a runtime value by the standard.

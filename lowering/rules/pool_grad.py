@@ -42,11 +42,16 @@ from opdef.rules.pool_grad import PoolParameters, pool_parameters
 
 SUMMING_SCATTER_SINCE = 16  # ScatterElements' reduction attribute
 _INT64_MAX = 2**63 - 1
+# Bounds on the work one node may expand into (a corrupted kernel_shape must not make 20,000 nodes): the
+# grouped form below opset 16 emits a few nodes per group, the portable forms a few per window offset.
+MAX_SCATTER_GROUPS = 256
+MAX_WINDOW_OFFSETS = 1024
 
 
 def _fail(request: LoweringRequest, problem: str) -> LoweringError:
     i = request.inference
-    return LoweringError(f"{i.op_type} '{i.node_name}': {problem}")
+    name = i.node_name or next((o for o in i.outputs if o), "?")
+    return LoweringError(f"{i.op_type} '{name}': {problem}")
 
 
 def _geometry(request: LoweringRequest) -> tuple[list[int], tuple | None, PoolParameters]:
@@ -83,6 +88,9 @@ def lower_max_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     e = Emitter(b, compute_type(io))
     dy = e.up(request.input("dY"), io)
     indices = request.input("Indices")
+    outputs = _static_outputs(dy_shape, len(spatial))
+    if params.kernel_shape is not None and outputs is not None:
+        _check_window(request, spatial, outputs, params)
     if request.options.target == "portable":
         windows = _windows(request, spatial, dy_shape, params)
         plane = e.ints(math.prod(spatial), "plane")
@@ -129,6 +137,13 @@ def _groups(request: LoweringRequest, params: PoolParameters, dy_shape, spatial:
         steps.append(math.ceil(span / params.strides[a]))
     sizes = [None if dy_shape is None else dy_shape[2 + a] for a in range(spatial)]
     ranges = [range(min(s, n) if isinstance(n, int) else s) for s, n in zip(steps, sizes, strict=True)]
+    groups = math.prod(len(r) for r in ranges)
+    if groups > MAX_SCATTER_GROUPS:
+        raise _fail(request, f"the model's default opset is below {SUMMING_SCATTER_SINCE}: adding the gradients of "
+                             f"overlapping windows (kernel {list(params.kernel_shape)}, strides "
+                             f"{list(params.strides)}) takes one ScatterElements per group of disjoint windows, here "
+                             f"{groups} groups (more than {MAX_SCATTER_GROUPS}); convert the model to opset "
+                             f"{SUMMING_SCATTER_SINCE} or newer (ScatterElements with reduction='add')")
     for residue in itertools.product(*ranges):
         yield tuple(steps), residue
 
@@ -148,16 +163,7 @@ def lower_average_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     if None in outputs:
         raise _fail(request, f"dY's spatial dims must be static (dY {list(dy_shape) if dy_shape else 'unknown'})")
     kernel, strides, pads = params.kernel_shape, params.strides, params.pads
-    for a in range(k):  # C2: dY must be the forward output of dX's shape (either rounding)
-        reach = spatial[a] + pads[a] + pads[a + k] - kernel[a]
-        floor_size = reach // strides[a] + 1
-        ceil_size = -(-reach // strides[a]) + 1
-        if (ceil_size - 1) * strides[a] >= spatial[a] + pads[a]:  # a last window starting in the end padding
-            ceil_size -= 1
-        if reach < 0 or outputs[a] not in (floor_size, ceil_size):
-            raise _fail(request, f"dY has {outputs[a]} positions on axis {a + 2}; the forward output of dX's "
-                                 f"{spatial[a]} with kernel {kernel[a]}, stride {strides[a]} and pads "
-                                 f"{pads[a]}+{pads[a + k]} has {floor_size} (or {ceil_size} with ceil_mode)")
+    _check_window(request, spatial, outputs, params)
     portable = request.options.target == "portable"
     # onnxruntime has no f64 ConvTranspose: f64 is computed in f32 too, unless portable
     e = Emitter(b, compute_type(io) if portable else TensorProto.FLOAT)
@@ -165,6 +171,7 @@ def lower_average_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     weights = _inverse_counts(spatial, outputs, params)
     scaled = b.op1("Mul", [dy, b.const(weights.reshape((1, 1, *outputs)).astype(e.np_ct), hint="inv_count")])
     if portable:
+        _check_offsets(request, kernel)
         windows = Windows(tuple(spatial), tuple(kernel), tuple(strides), (1,) * k, tuple(pads), tuple(outputs))
         _spread(e, lambda i: scaled, k + 2, windows, out, io)
         return
@@ -180,6 +187,44 @@ def lower_average_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     ones = b.const(np.ones((1, 1, *kernel), e.np_ct), hint="window")
     spread = b.op1("ConvTranspose", [view, ones], **attrs)
     e.finish("Reshape", [spread, _full_shape(e, dy, spatial)], out, io)
+
+
+def _static_outputs(dy_shape, k: int) -> list[int] | None:
+    """dY's spatial dims when all are static."""
+    if dy_shape is None or len(dy_shape) != k + 2 or not all(isinstance(d, int) for d in dy_shape[2:]):
+        return None
+    return list(dy_shape[2:])
+
+
+def _check_window(request: LoweringRequest, spatial: list[int], outputs: list[int], params: PoolParameters) -> None:
+    """C2: dY must be the forward output of dX's declared shape (floor or ceil rounding), as onnxruntime's
+    kernels assume; a window wider than dX and its pads is refused."""
+    k = len(spatial)
+    kernel, strides, pads, dilations = params.kernel_shape, params.strides, params.pads, params.dilations
+    for a in range(k):
+        span = dilations[a] * (kernel[a] - 1) + 1
+        reach = spatial[a] + pads[a] + pads[a + k] - span
+        floor_size = reach // strides[a] + 1
+        ceil_size = -(-reach // strides[a]) + 1
+        if (ceil_size - 1) * strides[a] >= spatial[a] + pads[a]:  # a last window starting in the end padding
+            ceil_size -= 1
+        dilated = f" dilation {dilations[a]}," if dilations[a] != 1 else ""
+        window = f"kernel {kernel[a]},{dilated} stride {strides[a]} and pads {pads[a]}+{pads[a + k]}"
+        if reach < 0:
+            raise _fail(request, f"dY has {outputs[a]} positions on axis {a + 2}, but the window ({window}) is "
+                                 f"wider than dX's {spatial[a]} with its pads")
+        if outputs[a] not in (floor_size, ceil_size):
+            raise _fail(request, f"dY has {outputs[a]} positions on axis {a + 2}; the forward output of dX's "
+                                 f"{spatial[a]} with {window} has {floor_size} (or {ceil_size} with ceil_mode)")
+
+
+def _check_offsets(request: LoweringRequest, kernel) -> None:
+    """The portable forms emit a few nodes per window offset: bounded."""
+    offsets = math.prod(kernel)
+    if offsets > MAX_WINDOW_OFFSETS:
+        raise _fail(request, f"the portable form spreads each of the window's {offsets} window offsets separately "
+                             f"(kernel {list(kernel)}; at most {MAX_WINDOW_OFFSETS}); the onnxruntime target "
+                             "(--target onnxruntime) has no such limit")
 
 
 def _inverse_counts(spatial: list[int], outputs: list[int], params: PoolParameters) -> np.ndarray:
@@ -204,6 +249,7 @@ def _windows(request: LoweringRequest, spatial: list[int], dy_shape, params: Poo
         raise _fail(request, "the portable lowering needs kernel_shape and dY's spatial dims static (kernel_shape "
                              f"{list(params.kernel_shape) if params.kernel_shape else 'missing'}, dY {shown}): it "
                              "spreads dY over the windows with a static window geometry")
+    _check_offsets(request, params.kernel_shape)
     return Windows(tuple(spatial), tuple(params.kernel_shape), tuple(params.strides), tuple(params.dilations),
                    tuple(params.pads), tuple(outputs))
 

@@ -4,8 +4,10 @@
 ``d_logits = g * w * (exp(log_prob) - onehot(label))`` with the class axis 1: the one-hot is an Equal of
 the label against the class indices (a Range), the per-sample weight a Gather of ``weight`` at the label
 (ignored labels first replaced by 0, so an out-of-range ``ignore_index`` such as -100 is never gathered),
-zeroed where the label is ``ignore_index``. For reduction ``mean`` g is dY over the sum of the weights
-(over the number of samples without weight and ignore_index), left undivided when that sum is 0.
+zeroed where the label is ``ignore_index``. An ``ignore_index`` the label's type cannot hold (2**31 for
+int32 labels) equals no label: it is lowered as no ignore_index at all. For reduction ``mean`` g is dY
+over the sum of the weights (over the number of samples without weight and ignore_index), left undivided
+when that sum is 0.
 One form for both targets: Range, Equal, Gather, Where and elementwise arithmetic take runtime tensors
 everywhere (lowering.rules.PORTABLE_OPS).
 """
@@ -21,6 +23,11 @@ from lowering.rules import TARGETS, LoweringRequest, register_rule
 from lowering.rules.elementwise_grad import input_elem
 
 _INT_NP = {TensorProto.INT32: np.int32, TensorProto.INT64: np.int64}
+
+
+def _holds(label_type: int, value: int) -> bool:
+    limits = np.iinfo(_INT_NP[label_type])
+    return int(limits.min) <= value <= int(limits.max)
 
 
 def _unsqueeze(e: Emitter, name: str, axis: int) -> str:
@@ -39,6 +46,8 @@ def lower_softmax_cross_entropy_loss_grad(b: NodeBuilder, request: LoweringReque
     attributes = request.inference.attributes
     reduction = attributes.get("reduction") or "mean"
     ignore_index = attributes.get("ignore_index")
+    if ignore_index is not None and not _holds(label_type, ignore_index):
+        ignore_index = None  # no label can equal it
     label = request.input("label")
     log_prob = e.up(request.input("log_prob"), io)
 

@@ -41,9 +41,27 @@ def format_elem(elem_type: int | None) -> str:
 
 
 def format_type(t: TensorType | None) -> str:
+    """``f32 [N,64,7,7]``; a sequence or optional of tensors as the specs spell it, ``seq(f32)``."""
     if t is None:
         return "? [...]"
+    if t.container in SEQUENCE_OR_OPTIONAL:
+        return f"{t.container}({format_elem(t.elem_type)})"
+    if t.container is not None:
+        return t.container
     return f"{format_elem(t.elem_type)} {format_shape(t.shape)}"
+
+
+SEQUENCE_OR_OPTIONAL = ("seq", "optional")
+
+
+def format_kind(t: TensorType) -> str:
+    """A value's kind as ONNX spells types, element types as the specs do: ``tensor(f32)``,
+    ``seq(tensor(f32))``, ``optional(tensor(boolean))``."""
+    if t.container is None:
+        return f"tensor({format_elem(t.elem_type)})"
+    if t.container in SEQUENCE_OR_OPTIONAL:
+        return f"{t.container}(tensor({format_elem(t.elem_type)}))"
+    return t.container
 
 
 # -- shapes ----------------------------------------------------------------------------------------

@@ -270,7 +270,7 @@ def _(m):
         _retype(m, name, elem=TensorProto.FLOAT16)
 
 
-@case("src-not-a-tensor", LoweringError, "'bn'", "element type of src")
+@case("src-not-a-tensor", VerificationError, "'bn'", "src is a seq(tensor(f32)); a tensor is required")
 def _(m):
     vi = m.graph.input[0]
     vi.type.CopyFrom(helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, [2, 3])))

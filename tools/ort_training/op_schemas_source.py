@@ -29,6 +29,7 @@ def attrs(**spec):
 
 
 S, OPT = "Single", "Optional"
+KERNEL_F32 = "the 1.19.2 CPU kernel is f32 only; f16 nodes run through casts it inserts (recorded)"
 SCHEMAS = {
     "com.microsoft::ConvGrad": dict(
         since_version=1, inputs=io(("dY", "T", S), ("X", "T", S), ("W", "T", S)),
@@ -151,6 +152,80 @@ SCHEMAS = {
              "generate_artifacts' training models; inv_std_var has X's row dims followed by 1s (the kernel's shape); "
              "the CPU kernel takes f32/f16 (no f64)",
         type_constraints={"T": FLOATS_BF, "U": ["tensor(float)"]}),
+    "com.microsoft::FusedMatMul": dict(
+        since_version=1, inputs=io(("A", "T", S), ("B", "T", S)), outputs=io(("Y", "T", S)),
+        attributes=attrs(alpha=("FLOAT", False, 1.0), transA=("INT", False, 0), transB=("INT", False, 0),
+                         transBatchA=("INT", False, 0), transBatchB=("INT", False, 0)),
+        note="a contrib op of plain onnxruntime too; the 1.19.2 CPU kernel runs f32 and f16 (no f64); transBatch "
+             "moves axis 0 to rank - 2 and needs both operands of one rank >= 3 (ops/FusedMatMul)",
+        type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::GatherGrad": dict(
+        since_version=1, inputs=io(("shape", "I", S), ("indices", "Tind", S), ("dY", "T", S)),
+        outputs=io(("dX", "T", S)), attributes=attrs(axis=("INT", False, 0)),
+        note="the 1.19.2 CPU kernel takes shape as int64 only (int32 has no kernel)",
+        type_constraints={"I": ["tensor(int32)", "tensor(int64)"], "T": FLOATS_BF,
+                          "Tind": ["tensor(int32)", "tensor(int64)"]}),
+    "com.microsoft::SliceGrad": dict(
+        since_version=1,
+        inputs=io(("dY", "T", S), ("shape", "I", S), ("starts", "Tind", S), ("ends", "Tind", S),
+                  ("axes", "Tind", OPT), ("steps", "Tind", OPT)),
+        outputs=io(("dX", "T", S)), attributes={},
+        note="T is every tensor type in the schema; the 1.19.2 CPU kernel runs f32 and f64 only and fails on "
+             "negative steps",
+        type_constraints={"I": ["tensor(int64)"], "T": FLOATS_BF, "Tind": ["tensor(int32)", "tensor(int64)"]}),
+    "com.microsoft::ConcatTraining": dict(
+        since_version=1, inputs=io(("inputs", "T", "Variadic")),
+        outputs=io(("concat_result", "T", S), ("per_input_length", "Tint", OPT)),
+        attributes=attrs(axis=("INT", True, None)),
+        note="T is every tensor type", type_constraints={"T": FLOATS_BF, "Tint": ["tensor(int64)"]}),
+    "com.microsoft::SplitTraining": dict(
+        since_version=1, inputs=io(("input", "T", S), ("split", "tensor(int64)", S)),
+        outputs=io(("outputs", "T", "Variadic")), attributes=attrs(axis=("INT", False, 0)),
+        note="T is every tensor type in the schema; the 1.19.2 CPU kernel runs f32 only among the floats, takes "
+             "an empty split as equal pieces, and stops the process when an output is omitted",
+        type_constraints={"T": FLOATS_BF}),
+    # the activation family (issue 19; tools/ort_training/cases_activations.py records each)
+    "com.microsoft::DropoutGrad": dict(
+        since_version=1,
+        inputs=io(("dy", "T", S), ("mask", "T2", S), ("ratio", "T1", OPT), ("training_mode", "T2", OPT)),
+        outputs=io(("dx", "T", S)), attributes={}, allow_unchecked_attributes=True,
+        note="ratio defaults to 0.5; the f32/f64 CPU kernels pass dy unchanged at ratio 0 and ignore "
+             "training_mode; f16 runs through the schema's function body (Where(mask, dy / (1 - ratio), 0))",
+        type_constraints={"T": FLOATS_BF, "T1": FLOATS_BF, "T2": ["tensor(bool)"]}),
+    "com.microsoft::TanhGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("Y", "T", S)), outputs=io(("dX", "T", S)), attributes={},
+        note="Y is the Tanh output; " + KERNEL_F32, type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::LeakyReluGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("Y", "T", S)), outputs=io(("dX", "T", S)),
+        attributes=attrs(alpha=("FLOAT", False, 0.01)), note="Y is the LeakyRelu output; " + KERNEL_F32,
+        type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::QuickGelu": dict(
+        since_version=1, inputs=io(("X", "T", S)), outputs=io(("Y", "T", S)),
+        attributes=attrs(alpha=("FLOAT", False, 1.702)), note="contrib op; SiLU becomes alpha 1; " + KERNEL_F32,
+        type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::QuickGeluGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("X", "T", S)), outputs=io(("dX", "T", S)),
+        attributes=attrs(alpha=("FLOAT", False, 1.702)), note=KERNEL_F32, type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::GeluGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("X", "T", S)), outputs=io(("dX", "T", S)), attributes={},
+        note="erf GELU; " + KERNEL_F32, type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::FastGeluGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("X", "T", S)), outputs=io(("dX", "T", S)), attributes={},
+        note="tanh-approximation GELU; " + KERNEL_F32, type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::Gelu": dict(
+        since_version=1, inputs=io(("X", "T", S)), outputs=io(("Y", "T", S)), attributes={},
+        note="contrib op: erf GELU (what onnxruntime fuses torch's gelu into after a Gemm); " + KERNEL_F32,
+        type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::BiasGelu": dict(
+        since_version=1, inputs=io(("A", "T", S), ("B", "T", S)), outputs=io(("C", "T", S)), attributes={},
+        note="contrib op: erf GELU of A + B, B 1D of A's last dimension; " + KERNEL_F32,
+        type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::BiasGeluGrad_dX": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("X", "T", S), ("B", "T", S)), outputs=io(("dX", "T", S)),
+        attributes={}, note="GeluGrad at X + B; " + KERNEL_F32, type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::BiasFastGeluGrad_dX": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("X", "T", S), ("B", "T", S)), outputs=io(("dX", "T", S)),
+        attributes={}, note="FastGeluGrad at X + B; " + KERNEL_F32, type_constraints={"T": FLOATS_BF}),
 }
 
 if __name__ == "__main__":

@@ -150,10 +150,12 @@ class _Emitter(Emitter):
             t = b.op1("Mul", [b.op1("Reshape", [first, self.ints([-1], "flat")]), self.up(p.scale, p.io_type)])
             stats_in = [b.op1("Mul", [t, self.scalar(0.0, "zero")]), b.op1("Mul", [t, self.scalar(0.5, "half")])]
             y = b.fresh("y") if restore is not None or p.io_type != self.ct else p.y
+            # the batch statistics are [C] already: saved_mean is the kernel's output itself (same type)
+            direct = p.saved_mean if p.saved_mean is not None and p.stat_type == self.ct else None
             _, mean, variance = b.op("BatchNormalization", [x, self.up(p.scale, p.io_type),
                                                             self.up(p.bias, p.io_type), *stats_in],
-                                     [y, b.fresh("batch_mean"), b.fresh("batch_variance")], epsilon=p.epsilon,
-                                     momentum=0.0, training_mode=1)
+                                     [y, direct or b.fresh("batch_mean"), b.fresh("batch_variance")],
+                                     epsilon=p.epsilon, momentum=0.0, training_mode=1)
             if restore is not None:
                 y = b.op1("Reshape", [y, restore], None if p.io_type != self.ct else p.y)
             if p.io_type != self.ct:
@@ -173,7 +175,9 @@ class _Emitter(Emitter):
             mean = per_channel(p.input_mean, p.stat_type)
             centred = b.op1("Sub", [x, mean]) if p.y is not None else None
             variance = per_channel(p.input_var, p.stat_type)
-        inv_std = b.op1("Reciprocal", [b.op1("Sqrt", [b.op1("Add", [variance, eps])])])
+        kernel_inv_std = kernel and p.saved_inv_std is not None and p.stat_type == self.ct
+        inv_std = b.op1("Reciprocal", [b.op1("Sqrt", [b.op1("Add", [variance, eps])])],
+                        p.saved_inv_std if kernel_inv_std else None)
 
         if p.y is not None and not kernel:
             a = b.op1("Mul", [inv_std, per_channel(p.scale, p.io_type)])
@@ -198,9 +202,9 @@ class _Emitter(Emitter):
                 self.finish("Reshape", [b.op1("Add", y_inputs), restore], p.y, p.io_type)
 
         flat = self.ints([-1]) if wants_stats else None
-        if p.saved_mean is not None:
+        if p.saved_mean is not None and mean != p.saved_mean:
             self.finish("Reshape", [mean, flat], p.saved_mean, p.stat_type)
-        if p.saved_inv_std is not None:
+        if p.saved_inv_std is not None and not kernel_inv_std:
             self.finish("Reshape", [inv_std, flat], p.saved_inv_std, p.stat_type)
         if p.running_mean is None and p.running_var is None:
             return
@@ -212,7 +216,7 @@ class _Emitter(Emitter):
         for running, old, batch in ((p.running_mean, p.input_mean, mean), (p.running_var, p.input_var, variance)):
             if running is None:
                 continue
-            batch_flat = b.op1("Reshape", [batch, flat])
+            batch_flat = batch if kernel else b.op1("Reshape", [batch, flat])  # the kernel's are [C]
             kept = b.op1("Mul", [self.up(old, p.stat_type), keep])
             self.finish("Add", [kept, b.op1("Mul", [batch_flat, take])], running, p.stat_type)
 

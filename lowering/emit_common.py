@@ -79,3 +79,20 @@ def index_in_range(b: NodeBuilder, indices: str, index_type: int, limit: str | N
                             b.const(np.array(_INT32_MAX, np_type), hint="int32_max")])
     return b.op1("And", [inside, b.op1("And", [b.op1("Not", [b.op1("Less", [bounded, zero])]),
                                                b.op1("Less", [bounded, limit])])])
+
+
+def guarded_index(b: NodeBuilder, indices: str, index_type: int, limit: str | None,
+                  static_limit: int | None) -> tuple[str, str]:
+    """(indices with every one outside [0, limit) replaced by one inside, the bool mask of those inside): what
+    a Gather or Scatter may take, and what says which entries count. With ``static_limit`` (> 0) the indices
+    are clamped by constants and compared with their clamped value (three passes); else
+    :func:`index_in_range` and a Where put 0 in place of the bad ones. (Max and Min, not one Clip: onnxruntime's
+    int64 Clip takes twice as long as both, measured on MaxPoolGrad's indices.)"""
+    if static_limit is not None and static_limit > 0:
+        np_type = _INDEX_NP[index_type]
+        low = b.const(np.array(0, np_type), hint="zero_index")
+        high = b.const(np.array(static_limit - 1, np_type), hint="last_index")
+        clamped = b.op1("Min", [b.op1("Max", [indices, low]), high])
+        return clamped, b.op1("Equal", [clamped, indices])
+    inside = index_in_range(b, indices, index_type, limit, static_limit)
+    return b.op1("Where", [inside, indices, b.const(np.array(0, _INDEX_NP[index_type]), hint="zero_index")]), inside

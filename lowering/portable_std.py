@@ -79,8 +79,7 @@ def _softmax_cross_entropy_loss(b: NodeBuilder, node: onnx.NodeProto, elem: int,
     picked = e.reduce("ReduceSum", b.op1("Mul", [log_prob, onehot]), (1,), keepdims=0)
     per_element = b.op1("Neg", [picked], hint="nll")
 
-    kept = counted_labels(b, e, label, label_type, classes, static_classes, ignore_index)
-    safe_label = b.op1("Where", [kept, label, b.const(np.array(0, int_np), hint="zero_label")])
+    safe_label, kept = counted_labels(b, label, label_type, classes, static_classes, ignore_index)
     weights = b.op1("Cast", [kept], to=elem)
     if weight is not None:
         weights = b.op1("Mul", [b.op1("Gather", [weight, safe_label], axis=0), weights])

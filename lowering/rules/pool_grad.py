@@ -23,8 +23,8 @@ position for every output position (a constant [K, O...] map, -1 in the padding)
 
 Bad indices (a value MaxPool cannot produce; onnxruntime-training's kernel refuses one outside dX at run time,
 a standard graph cannot): in the onnxruntime forms an index outside [0, size of dX) adds nothing and nothing is
-read or written out of bounds. From opset 16 such an index and its dY become 0 before the ScatterElements (it
-adds 0 at element 0); below 16 the scatters work on dX plus one spare element that every such index is
+read or written out of bounds. From opset 16 such an index is clamped into dX and its dY becomes 0 before the
+ScatterElements (it adds 0 there); below 16 the scatters work on dX plus one spare element that every such index is
 redirected to, cut off at the end (the indices of a group must stay distinct). An index inside dX but outside
 its window is added where it points (below opset 16, when two such indices of one group of disjoint windows
 coincide, one of their sums is kept). The portable form adds an index only at a position of its own window in
@@ -43,7 +43,7 @@ import numpy as np
 from onnx import TensorProto
 
 from lowering.builder import NodeBuilder
-from lowering.emit_common import Emitter, compute_type, index_in_range
+from lowering.emit_common import Emitter, compute_type, guarded_index, index_in_range
 from lowering.rules import TARGETS, LoweringRequest, register_rule
 from lowering.rules.elementwise_grad import input_elem
 from lowering.rules.im2col import Windows, col2im
@@ -118,15 +118,15 @@ def lower_max_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     static_size = None if dy_shape is None or not all(isinstance(d, int) for d in dy_shape[:2]) else \
         dy_shape[0] * dy_shape[1] * math.prod(spatial)
     size = None if static_size is not None else b.op1("ReduceProd", [shape], keepdims=1)
-    inside = index_in_range(b, indices, TensorProto.INT64, size, static_size)
     if b.opset >= SUMMING_SCATTER_SINCE:  # an index outside dX adds 0 at element 0
-        indices = b.op1("Where", [inside, indices, e.ints(0, "zero_index")])
+        indices, inside = guarded_index(b, indices, TensorProto.INT64, size, static_size)
         dy = b.op1("Where", [inside, dy, e.scalar(0.0, "zero")])
         data = b.op1("ScatterElements", [zeros, b.op1("Reshape", [indices, flat]), b.op1("Reshape", [dy, flat])],
                      axis=0, reduction="add")
         e.finish("Reshape", [data, shape], out, io)
         return
     # one spare element past dX's end takes every index outside dX (a group's indices must stay distinct)
+    inside = index_in_range(b, indices, TensorProto.INT64, size, static_size)
     end = size if size is not None else e.ints([static_size], "size")
     data = b.op1("Concat", [zeros, b.op1("Reshape", [e.scalar(0.0, "zero"), e.ints([1], "one")])], axis=0)
     indices = b.op1("Where", [inside, indices, end])

@@ -5,7 +5,7 @@
 the label against the class indices (a Range), the per-sample weight a Gather of ``weight`` at the label.
 A label counts when it lies in [0, C) and is not ``ignore_index``; any other label (``ignore_index``, and a
 bad value such as -1 or C, which onnxruntime-training's kernel refuses at run time but a standard graph
-cannot) is ignored: replaced by 0 before the Gather (so nothing is read out of bounds) and weighted 0. An
+cannot) is ignored: replaced by a class id before the Gather (so nothing is read out of bounds) and weighted 0. An
 ``ignore_index`` the label's type cannot hold (2**31 for int32 labels) equals no label: it is lowered as no
 ignore_index at all. For reduction ``mean`` g is dY over the sum of the counted labels' weights (over their
 number without weight), left undivided when that sum is 0.
@@ -19,7 +19,7 @@ import numpy as np
 from onnx import TensorProto
 
 from lowering.builder import NodeBuilder
-from lowering.emit_common import Emitter, compute_type, index_in_range
+from lowering.emit_common import Emitter, compute_type, guarded_index
 from lowering.rules import TARGETS, LoweringRequest, register_rule
 from lowering.rules.elementwise_grad import input_elem
 
@@ -31,19 +31,20 @@ def _holds(label_type: int, value: int) -> bool:
     return int(limits.min) <= value <= int(limits.max)
 
 
-def counted_labels(b: NodeBuilder, e: Emitter, label: str, label_type: int, classes: str, static_classes,
-                   ignore_index: int | None) -> str:
-    """A bool tensor shaped like ``label``: true where the label is a class id in [0, C) other than
-    ``ignore_index`` (``classes``: C as an int64 scalar at run time; ``static_classes``: C when the graph
-    declares it). A negative ``ignore_index`` is out of range anyway."""
+def counted_labels(b: NodeBuilder, label: str, label_type: int, classes: str, static_classes,
+                   ignore_index: int | None) -> tuple[str, str]:
+    """(the labels with every one outside [0, C) replaced by a class id, the bool mask of the labels that
+    count: class ids other than ``ignore_index``), both shaped like ``label``. ``classes``: C as an int64
+    scalar at run time; ``static_classes``: C when the graph declares it. A negative ``ignore_index`` is out
+    of range anyway."""
     int_np = _INT_NP[label_type]
     static = static_classes if isinstance(static_classes, int) else None
-    kept = index_in_range(b, label, label_type, None if static is not None else
-                          b.op1("Cast", [classes], to=label_type), static)
+    safe, kept = guarded_index(b, label, label_type, None if static is not None else
+                               b.op1("Cast", [classes], to=label_type), static)
     if ignore_index is not None and ignore_index >= 0:
         ignored = b.op1("Equal", [label, b.const(np.array(ignore_index, int_np), hint="ignore_index")])
         kept = b.op1("And", [kept, b.op1("Not", [ignored])])
-    return kept
+    return safe, kept
 
 
 def _unsqueeze(e: Emitter, name: str, axis: int) -> str:
@@ -84,8 +85,7 @@ def lower_softmax_cross_entropy_loss_grad(b: NodeBuilder, request: LoweringReque
     shape = request.inference.input_types[request.inference.schema.input_index("log_prob")]
     static_classes = shape.shape[1] if shape is not None and shape.shape is not None and len(shape.shape) > 1 \
         else None
-    kept = counted_labels(b, e, label, label_type, classes, static_classes, ignore_index)
-    safe_label = b.op1("Where", [kept, label, b.const(np.array(0, _INT_NP[label_type]), hint="zero_label")])
+    safe_label, kept = counted_labels(b, label, label_type, classes, static_classes, ignore_index)
     weights = b.op1("Cast", [kept], to=e.ct)
     if request.input("weight") is not None:
         weights = b.op1("Mul", [b.op1("Gather", [e.up(request.input("weight"), io), safe_label], axis=0), weights])

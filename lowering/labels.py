@@ -74,7 +74,7 @@ def label_inputs(model: onnx.ModelProto) -> tuple[LabelInput, ...]:
     inputs = {i.name for i in graph.input} - {t.name for t in graph.initializer}
     producers = {o: n for n in graph.node for o in n.output}
     found: dict[str, LabelInput] = {}
-    types = None
+    declared, inferred = value_types_of_graph(graph), None
     for node in graph.node:
         where = _LOSSES.get((node.domain, node.op_type))
         if where is None or len(node.input) <= max(where):
@@ -82,12 +82,12 @@ def label_inputs(model: onnx.ModelProto) -> tuple[LabelInput, ...]:
         source = _graph_input(node.input[where[1]], producers, inputs)
         if source is None or source in found:
             continue
-        if types is None:
-            types = _value_types(model)
         scores = node.input[where[0]]
-        t = types.get(scores)
-        classes = t.shape[1] if t is not None and t.shape is not None and len(t.shape) > 1 else None
-        if not isinstance(classes, int):
+        classes = _class_count(declared.get(scores))
+        if classes is None:  # ONNX shape inference only when the model does not declare it
+            inferred = _inferred_types(model) if inferred is None else inferred
+            classes = _class_count(inferred.get(scores))
+        if classes is None:
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         ignore = attrs.get("ignore_index")
@@ -120,10 +120,14 @@ def _graph_input(name: str, producers: Mapping[str, onnx.NodeProto], inputs: set
     return None
 
 
-def _value_types(model: onnx.ModelProto) -> dict:
-    """Declared types, completed by ONNX shape inference where it succeeds (the weights need not be loaded:
-    inference reads initializers' dims only)."""
+def _class_count(t) -> int | None:
+    dim = t.shape[1] if t is not None and t.shape is not None and len(t.shape) > 1 else None
+    return dim if isinstance(dim, int) else None
+
+
+def _inferred_types(model: onnx.ModelProto) -> dict:
+    """Types after ONNX shape inference, or none when it fails (e.g. a model over protobuf's 2 GiB)."""
     try:
         return value_types_of_graph(onnx.shape_inference.infer_shapes(model).graph)
-    except Exception:  # noqa: BLE001 -- a model inference cannot complete keeps its declared types
-        return value_types_of_graph(model.graph)
+    except Exception:  # noqa: BLE001 -- a model inference cannot complete is not checked
+        return {}

@@ -87,7 +87,10 @@ class NodeBuilder:
                 if value is not None:
                     _add_attribute(node, key, value)
         self.nodes.append(node)
-        self.signatures.append((inputs, outputs))
+        # a subgraph (Scan/Loop body) may read the outer graph's values by name: they count as the node's
+        # inputs for the pass's liveness, or the nodes producing them would be pruned
+        graphs = [v for v in attrs.values() if isinstance(v, onnx.GraphProto)]
+        self.signatures.append((inputs + [n for g in graphs for n in outer_reads(g)], outputs))
         return outputs
 
     def op1(self, op_type: str, inputs: Sequence[str], output: str | None = None,
@@ -106,6 +109,21 @@ class NodeBuilder:
             self.constants[key] = name
             self.new_constants[name] = key
         return name
+
+
+def outer_reads(graph: onnx.GraphProto) -> list[str]:
+    """The names ``graph`` (and the subgraphs in it) reads but does not define: values of an enclosing graph."""
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    reads: list[str] = []
+    for node in graph.node:
+        for name in node.input:
+            if name and name not in defined:
+                reads.append(name)
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                reads.extend(n for n in outer_reads(sub) if n not in defined)
+        defined.update(node.output)
+    return list(dict.fromkeys(reads))
 
 
 def _add_attribute(node: onnx.NodeProto, key: str, value: Any) -> None:

@@ -28,6 +28,7 @@ from runtime import (
     reference,
     reference_activations,
     reference_normalization,
+    reference_recurrent,
     reference_shape,
     reference_training,
     reference_updates,
@@ -431,6 +432,50 @@ RULES |= {"tanh_grad": _activation(_ACT.tanh_grad, ("dY", "Y"), "dX"),
           "bias_gelu_grad": _activation(_ACT.bias_gelu_grad, ("dY", "X", "B"), "dX"),
           "bias_fast_gelu_grad": _activation(_ACT.bias_fast_gelu_grad, ("dY", "X", "B"), "dX"),
           "dropout_grad": _dropout_grad}
+
+
+# -- onnxruntime-training's recurrent ops (runtime.reference_recurrent)
+
+def _lstm_training(n: _Node, exact: bool, single_output: str) -> tuple:
+    x = n.input("X")
+    values = reference_recurrent.lstm_training(
+        x, n.input("W"), n.input("R"), *(n.input(r, required=False) for r in
+                                         ("B", "sequence_lengths", "initial_h", "initial_c", "P")),
+        direction=str(n.attribute("direction", "forward")))
+    return _rounded(n, exact, values, x.dtype)
+
+
+def _lstm_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    x = n.input("X")
+    optional = [n.input(r, required=False) for r in ("sequence_lengths", "initial_h", "initial_c")]
+    grads = [n.input(r, required=False) for r in ("dHAll", "dHFinal", "dCFinal")]
+    values = reference_recurrent.lstm_grad(x, n.input("W"), n.input("R"), *optional, n.input("HAll"),
+                                           n.input("CAll"), n.input("iofc"), *grads,
+                                           direction=str(n.attribute("direction", "forward")))
+    return _rounded(n, exact, values, x.dtype)
+
+
+def _gru_training(n: _Node, exact: bool, single_output: str) -> tuple:
+    x = n.input("X")
+    values = reference_recurrent.gru_training(
+        x, n.input("W"), n.input("R"), *(n.input(r, required=False) for r in ("B", "sequence_lengths", "initial_h")),
+        direction=str(n.attribute("direction", "forward")),
+        linear_before_reset=int(n.attribute("linear_before_reset", 0)))
+    return _rounded(n, exact, values, x.dtype)
+
+
+def _gru_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    x = n.input("X")
+    optional = [n.input(r, required=False) for r in ("B", "sequence_lengths", "initial_h")]
+    grads = [n.input(r, required=False) for r in ("dHAll", "dHFinal")]
+    values = reference_recurrent.gru_grad(x, n.input("W"), n.input("R"), *optional, n.input("HAll"), n.input("ZRH"),
+                                          *grads, direction=str(n.attribute("direction", "forward")),
+                                          linear_before_reset=int(n.attribute("linear_before_reset", 0)))
+    return _rounded(n, exact, values, x.dtype)
+
+
+RULES |= {"lstm_training": _lstm_training, "lstm_grad": _lstm_grad, "gru_training": _gru_training,
+          "gru_grad": _gru_grad}
 
 
 def op_classes(registry: Registry, *, exact: bool = False, single_output: str = "spec") -> list[type[OpRun]]:

@@ -139,4 +139,6 @@ def test_op_schemas_cover_every_recorded_op():
 
 
 def test_fixture_set_stays_small():
-    assert sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file()) < 1_000_000
+    # 1.2 MB since issue 20: the recurrent family's one-node cases (~105 KB) and its three tiny artifacts
+    # (lstm, gru, lstm2: ~210 KB, each with eval and training models of the exporter's gate regrouping)
+    assert sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file()) < 1_200_000

@@ -53,6 +53,10 @@ BUNDLED = {
     ("com.microsoft", "FastGeluGrad"): "onednn",
     ("com.microsoft", "BiasFastGeluGrad_dX"): "onednn",
     ("com.microsoft", "Gelu"): "onednn",
+    ("com.microsoft", "LSTMTraining"): "onednn",
+    ("com.microsoft", "LSTMGrad"): "onednn",
+    ("com.microsoft", "GRUTraining"): "onednn",
+    ("com.microsoft", "GRUGrad"): "onednn",
 }
 
 

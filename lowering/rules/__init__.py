@@ -42,6 +42,9 @@ PORTABLE_OPS = frozenset({
     # take the model at all, lowered or not): the Loop over the sequence and its sequence ops. Every input
     # of these may be a runtime value by the standard.
     "Loop", "SequenceEmpty", "SequenceLength", "SequenceAt", "SequenceInsert",
+    # For the recurrent ops (tests/test_recurrent.py runs them in onnxruntime, OpenVINO, tract and onnx.reference;
+    # their gates use Sigmoid and Tanh above): the Scan over the steps, its weights passed in as states.
+    "Scan",
 })
 
 # A rule ``key`` lives in ``lowering.rules.<key>`` (a module or subpackage), or in any module of this package

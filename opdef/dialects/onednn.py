@@ -405,7 +405,9 @@ def _attribute_type(cell: str, values: nodes.entry | None, source: str, line: in
         raise SpecError(source, line, f"expected a value type (f32, s64, string, bool ...), got {cell!r}")
     if spelled == "boolean":
         spelled = "bool"
-    return spelled + "[]" if is_list and spelled != "string" else spelled
+    # a string attribute whose Supported Values merely mention a list stays one string; the Value Type cell
+    # itself saying ``string[]`` (or "list of string") makes it a list
+    return spelled + "[]" if is_list and (spelled != "string" or "list" in words) else spelled
 
 
 def _required_marker(entry: nodes.entry, source: str, line: int) -> bool:

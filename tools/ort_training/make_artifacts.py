@@ -72,6 +72,36 @@ def mlp(out: int = 3) -> nn.Module:
     return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, out))
 
 
+class RecurrentClassifier(nn.Module):
+    """nn.LSTM / nn.GRU (batch_first) over a [batch, seq, feature] input, then a Linear on the mean of the
+    outputs over time and on the final hidden states (so the gradient op gets both dHAll and dHFinal). No
+    indexing of the outputs (``out[-1]`` would bring a GatherGrad) and no dropout."""
+
+    def __init__(self, cell: type, layers: int = 1, bidirectional: bool = False) -> None:
+        super().__init__()
+        self.rnn = cell(4, 6, num_layers=layers, bidirectional=bidirectional, batch_first=True)
+        directions = 2 if bidirectional else 1
+        self.head = nn.Linear(6 * directions + 6 * directions * layers, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, state = self.rnn(x)
+        h = state[0] if isinstance(state, tuple) else state
+        final = h.transpose(0, 1).reshape(x.shape[0], -1)
+        return self.head(torch.cat([out.mean(1), final], dim=1))
+
+
+def lstm() -> nn.Module:
+    return RecurrentClassifier(nn.LSTM)
+
+
+def gru() -> nn.Module:
+    return RecurrentClassifier(nn.GRU)
+
+
+def lstm2() -> nn.Module:
+    return RecurrentClassifier(nn.LSTM, layers=2)
+
+
 def randomize_batch_norm(model: nn.Module, gen: torch.Generator) -> None:
     # equal BN initializers (ones/zeros) get deduplicated by onnxruntime's optimizer and a running-stat
     # update can then overwrite an aliased scale or bias (DESIGN.md section 9): make them all distinct
@@ -92,6 +122,9 @@ ARTIFACTS = {
     "mlp_bce": (mlp, (4, 6), ("binary", 3), artifacts.LossType.BCEWithLogitsLoss, artifacts.OptimType.AdamW),
     "mlp_l1": (mlp, (4, 6), ("real", 3), artifacts.LossType.L1Loss, artifacts.OptimType.SGD),
     "cnn1d": (cnn1d, (4, 3, 11), ("class", 3), artifacts.LossType.CrossEntropyLoss, artifacts.OptimType.SGD),
+    "lstm": (lstm, (3, 5, 4), ("class", 3), artifacts.LossType.CrossEntropyLoss, artifacts.OptimType.AdamW),
+    "gru": (gru, (3, 5, 4), ("class", 3), artifacts.LossType.CrossEntropyLoss, artifacts.OptimType.AdamW),
+    "lstm2": (lstm2, (3, 5, 4), ("class", 3), artifacts.LossType.CrossEntropyLoss, artifacts.OptimType.AdamW),
 }
 
 
@@ -127,8 +160,10 @@ def make(name: str, out_root: Path, seed: int) -> dict:
                       opset_version=17, do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING,
                       dynamo=False)
     fwd = onnx.load(forward)
+    # nn.LSTM / nn.GRU name theirs weight_ih_l0, bias_hh_l1_reverse ...
     requires_grad = [init.name for init in fwd.graph.initializer
-                     if init.name.endswith(("weight", "bias")) and "running" not in init.name]
+                     if (init.name.endswith(("weight", "bias")) or ".weight_" in init.name or ".bias_" in init.name)
+                     and "running" not in init.name]
     frozen = [init.name for init in fwd.graph.initializer if init.name not in requires_grad]
     artifacts.generate_artifacts(fwd, requires_grad=requires_grad, frozen_params=frozen, loss=loss,
                                  optimizer=optim, artifact_directory=str(directory))

@@ -18,6 +18,10 @@ SEQ = ["seq(tensor(float16))", "seq(tensor(float))", "seq(tensor(double))"]
 POOL_ATTRS = {"kernel_shape": ("INTS", True, None), "strides": ("INTS", False, None),
               "auto_pad": ("STRING", False, "NOTSET"), "pads": ("INTS", False, None)}
 
+RNN_ATTRS = {"activation_alpha": ("FLOATS", False, None), "activation_beta": ("FLOATS", False, None),
+             "activations": ("STRINGS", False, None), "clip": ("FLOAT", False, None),
+             "direction": ("STRING", False, "forward"), "hidden_size": ("INT", False, None)}
+
 
 def io(*items):
     """(name, type_param, option) triples; option: Single | Optional."""
@@ -226,6 +230,45 @@ SCHEMAS = {
     "com.microsoft::BiasFastGeluGrad_dX": dict(
         since_version=1, inputs=io(("dY", "T", S), ("X", "T", S), ("B", "T", S)), outputs=io(("dX", "T", S)),
         attributes={}, note="FastGeluGrad at X + B; " + KERNEL_F32, type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::LSTMTraining": dict(
+        since_version=1,
+        inputs=io(("X", "T", S), ("W", "T", S), ("R", "T", S), ("B", "T", OPT), ("SL", "TInt32", OPT),
+                  ("Ht0", "T", OPT), ("Ct0", "T", OPT), ("P", "T", OPT)),
+        outputs=io(("HAll", "T", OPT), ("HFinal", "T", OPT), ("CFinal", "T", OPT), ("CAll", "T", OPT),
+                   ("iofc", "T", OPT)),
+        attributes=attrs(**RNN_ATTRS, input_forget=("INT", False, 0)),
+        note="names as in the issue's signature; the 1.19.2 CPU kernel runs only direction forward, f32, no SL, "
+             "no clip/input_forget/other activations (tools/ort_training/cases_recurrent.py); the fixture "
+             "ops/LSTMTraining shows HAll/CAll [S,D,N,H] and iofc [S,D,N,4H] after activations, order i,o,f,c",
+        type_constraints={"T": ["tensor(float)"], "TInt32": ["tensor(int32)"]}),
+    "com.microsoft::LSTMGrad": dict(
+        since_version=1,
+        inputs=io(("X", "T", S), ("W", "T", S), ("R", "T", S), ("SL", "TInt32", OPT), ("Ht0", "T", OPT),
+                  ("Ct0", "T", OPT), ("HAll", "T", S), ("CAll", "T", S), ("iofc", "T", S), ("dHAll", "T", OPT),
+                  ("dHFinal", "T", OPT), ("dCFinal", "T", OPT)),
+        outputs=io(("dX", "T", OPT), ("dW", "T", OPT), ("dR", "T", OPT), ("dB", "T", OPT), ("dH0", "T", OPT),
+                   ("dC0", "T", OPT), ("dP", "T", OPT)),
+        attributes=attrs(**RNN_ATTRS, input_forget=("INT", False, 0)),
+        note="no B (the gates in iofc hold it) and no P input: the gradient is that of an LSTM without "
+             "peepholes, dP at P = 0 (fixture ops/LSTMGrad/peepholes)",
+        type_constraints={"T": ["tensor(float)"], "TInt32": ["tensor(int32)"]}),
+    "com.microsoft::GRUTraining": dict(
+        since_version=1,
+        inputs=io(("X", "T", S), ("W", "T", S), ("R", "T", S), ("B", "T", OPT), ("SL", "TInt32", OPT),
+                  ("Ht0", "T", OPT)),
+        outputs=io(("HAll", "T", OPT), ("HFinal", "T", OPT), ("ZRH", "T", OPT)),
+        attributes=attrs(**RNN_ATTRS, linear_before_reset=("INT", False, 0)),
+        note="names as in the issue's signature; the 1.19.2 CPU kernel runs only direction forward, f32, no SL; "
+             "the fixture ops/GRUTraining shows HAll [S,D,N,H] and ZRH [S,D,N,3H] after activations, order z,r,h",
+        type_constraints={"T": ["tensor(float)"], "TInt32": ["tensor(int32)"]}),
+    "com.microsoft::GRUGrad": dict(
+        since_version=1,
+        inputs=io(("X", "T", S), ("W", "T", S), ("R", "T", S), ("B", "T", OPT), ("SL", "TInt32", OPT),
+                  ("Ht0", "T", OPT), ("HAll", "T", S), ("ZRH", "T", S), ("dHAll", "T", OPT), ("dHFinal", "T", OPT)),
+        outputs=io(("dX", "T", OPT), ("dW", "T", OPT), ("dR", "T", OPT), ("dB", "T", OPT), ("dH0", "T", OPT)),
+        attributes=attrs(**RNN_ATTRS, linear_before_reset=("INT", False, 0)),
+        note="B is read for linear_before_reset 1 (the reset gate multiplies h R_h^T + Rb_h)",
+        type_constraints={"T": ["tensor(float)"], "TInt32": ["tensor(int32)"]}),
 }
 
 if __name__ == "__main__":

@@ -198,6 +198,10 @@ class Trainer:
             options.intra_op_num_threads = threads
         if not spinning:  # idle workers that spin take the cores from other work between steps
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # onnxruntime's memory pattern (one block planned from the first run) left the ResNet-CIFAR step at
+        # 1.6x onnxruntime-training's peak growth (102 against 64 MB at batch 32); without it 62 MB, and no
+        # measurable change in step time (tools/step_memory.py, paired runs of tools/ab_train_step.py)
+        options.enable_mem_pattern = False
         # One bound session run per step when the train-step model is there (measured on the cnn artifact,
         # 2 threads: 0.63 ms against 0.74 ms for unbound runs of the same model and ~0.9-1.0 ms for the two
         # models; mlp_bce 0.071 / 0.124 / 0.22 ms); the two-model step otherwise.

@@ -53,3 +53,46 @@ class Emitter:
             self.b.op1(op_type, inputs, output)
         else:
             self.b.op1("Cast", [self.b.op1(op_type, inputs)], output, to=out_type)
+
+
+_INDEX_NP = {TensorProto.INT32: np.int32, TensorProto.INT64: np.int64}
+_INT32_MAX = 2**31 - 1
+
+
+def index_in_range(b: NodeBuilder, indices: str, index_type: int, limit: str | None, static_limit: int | None) -> str:
+    """A bool tensor shaped like ``indices``: ``0 <= index < limit`` (``limit`` at run time, of ``index_type``;
+    ``static_limit`` when the graph declares it, then compared as a constant and ``limit`` may be None).
+
+    The guard in front of a Gather or Scatter whose indices are run-time values (a bad label or index must not
+    reach it). tract 0.23 compares an integer with a value derived from Shape through 32 bits (2**32 + 1 < 4
+    holds there), so with a run-time limit int64 indices are also compared after clamping them to int32's range
+    with constants: exact in tract for limits below 2**31, and exact everywhere else."""
+    np_type = _INDEX_NP[index_type]
+    zero = b.const(np.array(0, np_type), hint="zero_index")
+    if static_limit is not None:
+        below = b.op1("Less", [indices, b.const(np.array(static_limit, np_type), hint="index_limit")])
+        return b.op1("And", [b.op1("Not", [b.op1("Less", [indices, zero])]), below])
+    inside = b.op1("And", [b.op1("Not", [b.op1("Less", [indices, zero])]), b.op1("Less", [indices, limit])])
+    if index_type != TensorProto.INT64:
+        return inside
+    bounded = b.op1("Min", [b.op1("Max", [indices, b.const(np.array(-1, np_type), hint="minus_one")]),
+                            b.const(np.array(_INT32_MAX, np_type), hint="int32_max")])
+    return b.op1("And", [inside, b.op1("And", [b.op1("Not", [b.op1("Less", [bounded, zero])]),
+                                               b.op1("Less", [bounded, limit])])])
+
+
+def guarded_index(b: NodeBuilder, indices: str, index_type: int, limit: str | None,
+                  static_limit: int | None) -> tuple[str, str]:
+    """(indices with every one outside [0, limit) replaced by one inside, the bool mask of those inside): what
+    a Gather or Scatter may take, and what says which entries count. With ``static_limit`` (> 0) the indices
+    are clamped by constants and compared with their clamped value (three passes); else
+    :func:`index_in_range` and a Where put 0 in place of the bad ones. (Max and Min, not one Clip: onnxruntime's
+    int64 Clip takes twice as long as both, measured on MaxPoolGrad's indices.)"""
+    if static_limit is not None and static_limit > 0:
+        np_type = _INDEX_NP[index_type]
+        low = b.const(np.array(0, np_type), hint="zero_index")
+        high = b.const(np.array(static_limit - 1, np_type), hint="last_index")
+        clamped = b.op1("Min", [b.op1("Max", [indices, low]), high])
+        return clamped, b.op1("Equal", [clamped, indices])
+    inside = index_in_range(b, indices, index_type, limit, static_limit)
+    return b.op1("Where", [inside, indices, b.const(np.array(0, _INDEX_NP[index_type]), hint="zero_index")]), inside

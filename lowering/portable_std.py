@@ -6,7 +6,10 @@ frontend refuses ``training_mode`` true), spelled out with :data:`RANDOM_OPS` (s
 ``log_prob = x - max - log(sum(exp(x - max)))`` along axis 1; the loss per element is ``-w·log_prob`` at the
 label (a one-hot by Equal with the class ids), ``w`` the class weight at the label (1 without weights), 0
 where the label is ``ignore_index``; ``mean`` divides the sum by the sum of ``w`` (as ONNX defines it),
-``sum`` sums, ``none`` keeps the per-element losses.
+``sum`` sums, ``none`` keeps the per-element losses. A label outside [0, C) (a bad value: ONNX leaves it
+undefined, onnxruntime refuses it at run time) counts as ignored, exactly as in the lowered
+SoftmaxCrossEntropyLossGrad: loss 0, weight 0, never used as a Gather index. An ``ignore_index`` the label's
+type cannot hold equals no label.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from onnx import TensorProto, helper
 from lowering.builder import NodeBuilder
 from lowering.emit_common import Emitter
 from lowering.graphs import default_opset
+from lowering.rules.softmax_cross_entropy_loss_grad import counted_labels
 from opdef.verify import value_types_of_graph
 
 _INT_NP = {TensorProto.INT32: np.int32, TensorProto.INT64: np.int64}
@@ -44,7 +48,7 @@ def spell_out_for_portable(model: onnx.ModelProto) -> onnx.ModelProto:
         if standard and node.op_type == "SoftmaxCrossEntropyLoss" and scores is not None \
                 and scores.shape is not None and types.get(node.input[1]) is not None:
             b = NodeBuilder(opset, f"sce_{index}", lambda name: name in taken, into=out.graph.node)
-            _softmax_cross_entropy_loss(b, node, scores.elem_type, len(scores.shape), types[node.input[1]].elem_type)
+            _softmax_cross_entropy_loss(b, node, scores.elem_type, scores.shape, types[node.input[1]].elem_type)
             taken.update(b.used_names)
         elif standard and node.op_type == "Dropout" and scores is not None and _training(node, constants):
             b = NodeBuilder(opset, f"dropout_{index}", lambda name: name in taken, into=out.graph.node)
@@ -93,10 +97,14 @@ def _training_dropout(b: NodeBuilder, node: onnx.NodeProto, elem: int, shape) ->
     b.op1("Where", [keep, scaled, zero], node.output[0])
 
 
-def _softmax_cross_entropy_loss(b: NodeBuilder, node: onnx.NodeProto, elem: int, rank: int, label_type: int) -> None:
+def _softmax_cross_entropy_loss(b: NodeBuilder, node: onnx.NodeProto, elem: int, shape: tuple, label_type: int) -> None:
+    rank, static_classes = len(shape), shape[1] if len(shape) > 1 else None
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     reduction = attrs.get("reduction", b"mean").decode()
     ignore_index = attrs.get("ignore_index")
+    limits = np.iinfo(_INT_NP[label_type])
+    if ignore_index is not None and not int(limits.min) <= ignore_index <= int(limits.max):
+        ignore_index = None  # no label can equal it
     e = Emitter(b, elem)
     scores, label = node.input[0], node.input[1]
     weight = node.input[2] if len(node.input) > 2 and node.input[2] else None
@@ -119,17 +127,11 @@ def _softmax_cross_entropy_loss(b: NodeBuilder, node: onnx.NodeProto, elem: int,
     picked = e.reduce("ReduceSum", b.op1("Mul", [log_prob, onehot]), (1,), keepdims=0)
     per_element = b.op1("Neg", [picked], hint="nll")
 
-    weights = None
-    safe_label = label
-    if ignore_index is not None:
-        ignored = b.op1("Equal", [label, b.const(np.array(ignore_index, int_np), hint="ignore_index")])
-        safe_label = b.op1("Where", [ignored, b.const(np.array(0, int_np), hint="zero_label"), label])
-        weights = b.op1("Cast", [b.op1("Not", [ignored])], to=elem)
+    safe_label, kept = counted_labels(b, label, label_type, classes, static_classes, ignore_index)
+    weights = b.op1("Cast", [kept], to=elem)
     if weight is not None:
-        gathered = b.op1("Gather", [weight, safe_label], axis=0)
-        weights = gathered if weights is None else b.op1("Mul", [gathered, weights])
-    if weights is not None:
-        per_element = b.op1("Mul", [per_element, weights])
+        weights = b.op1("Mul", [b.op1("Gather", [weight, safe_label], axis=0), weights])
+    per_element = b.op1("Mul", [per_element, weights])
     if reduction == "none":
         b.op1("Identity", [per_element], loss_out)
         return
@@ -137,7 +139,5 @@ def _softmax_cross_entropy_loss(b: NodeBuilder, node: onnx.NodeProto, elem: int,
     total = e.reduce("ReduceSum", per_element, axes, keepdims=0)
     if reduction == "sum":
         b.op1("Identity", [total], loss_out)
-    elif weights is None:
-        b.op1("Div", [total, b.op1("Cast", [b.op1("Size", [label])], to=elem)], loss_out)
     else:
         b.op1("Div", [total, e.reduce("ReduceSum", weights, axes, keepdims=0)], loss_out)

@@ -32,6 +32,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from lowering.checkpoint import Checkpoint, CheckpointError, read_checkpoint, write_checkpoint
+from lowering.labels import LabelInput, check_labels, label_inputs
 from lowering.modelio import load_model
 from lowering.passes import lower_model_with_report
 from lowering.train_step import FIRST_MOMENT, SECOND_MOMENT, BoundStep, TrainStep, train_step
@@ -63,6 +64,8 @@ class TrainingModels:
     other_inputs: tuple[str, ...]
     # the same step as one tensor-only model (lowering.train_step), which Trainer runs when it is there
     step: TrainStep | None = None
+    # the class-label inputs and their class counts (lowering.labels): labels are checked before they are fed
+    labels: tuple[LabelInput, ...] = ()
 
 
 def moment_count(models: TrainingModels) -> int:
@@ -78,9 +81,12 @@ def lower_artifacts(directory: Path | str, *, target: str = "onnxruntime") -> Tr
     if not directory.is_dir():
         raise ModelError(f"{directory}: not an artifact directory (expected {TRAINING_MODEL} and {OPTIMIZER_MODEL})")
     lowered = {}
+    labels: tuple[LabelInput, ...] = ()
     for name in (TRAINING_MODEL, OPTIMIZER_MODEL):
         path = directory / name
         model = load_model(path)  # its errors name the file already
+        if name == TRAINING_MODEL:
+            labels = label_inputs(model)
         try:
             model, report = lower_model_with_report(model, target=target)
         except OplowerError as exc:
@@ -112,7 +118,7 @@ def lower_artifacts(directory: Path | str, *, target: str = "onnxruntime") -> Tr
     if not training.graph.output:
         raise ModelError(f"{directory / TRAINING_MODEL}: no outputs (expected the loss first)")
     step = train_step(directory, target=target)
-    return TrainingModels(training, optimizer, training.graph.output[0].name, params, data, step)
+    return TrainingModels(training, optimizer, training.graph.output[0].name, params, data, step, labels)
 
 
 @dataclass(frozen=True)
@@ -193,6 +199,10 @@ class Trainer:
             options.intra_op_num_threads = threads
         if not spinning:  # idle workers that spin take the cores from other work between steps
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # onnxruntime's memory pattern (one block planned from the first run) left the ResNet-CIFAR step at
+        # 1.6x onnxruntime-training's peak growth (102 against 64 MB at batch 32); without it 62 MB, and no
+        # measurable change in step time (tools/step_memory.py, paired runs of tools/ab_train_step.py)
+        options.enable_mem_pattern = False
         # One bound session run per step when the train-step model is there (measured on the cnn artifact,
         # 2 threads: 0.63 ms against 0.74 ms for unbound runs of the same model and ~0.9-1.0 ms for the two
         # models; mlp_bce 0.071 / 0.124 / 0.22 ms); the two-model step otherwise.
@@ -291,7 +301,10 @@ class Trainer:
             raise RuntimeFailure(f"{what} (lowered): onnxruntime refuses it: {ort_message(exc)}") from None
 
     def step(self, batch: Mapping[str, np.ndarray]) -> float:
-        """One training step and one optimizer step; returns the loss."""
+        """One training step and one optimizer step; returns the loss. Class labels outside [0, C) (not
+        ignore_index) raise LabelValueError before anything runs."""
+        if self.models.labels:
+            check_labels(batch, self.models.labels, f"step {self.step_count + 1}")
         if self._bound is not None:
             self.step_count += 1
             self._bound.set_learning_rate(float(self.learning_rate.reshape(-1)[0]))
@@ -416,6 +429,7 @@ def batches(data: Mapping[str, np.ndarray], models: TrainingModels, frozen: Mapp
             raise TrainingDataError(f"{source}: {name!r} has shape {list(value.shape)}; expected the input's rank "
                                     f"{rank} (one batch) or a leading batch-index axis over it")
         arrays[name] = value.astype(np_dtype(types[name].elem_type), copy=False)
+    check_labels(arrays, models.labels, source, batch_axis=True)
     return lambda k: {name: value[k % value.shape[0]] for name, value in arrays.items()}
 
 

@@ -211,6 +211,8 @@ def _check_training_result(result: dict, printed: str) -> None:
     assert 0 < profile["conv_grad_share_of_step"] < conv["share"]
     assert "| threads | batch | input | ms | training + optimizer ms | torch ms |" in printed
     assert "| ConvGrad |" in printed and "ConvGrad formulation: dX: ConvTranspose" in printed
+    assert row["step_ms"] > 0 and row["ort_training_ms"] is None and row["vs_ort_training"] is None
+    assert "onnxruntime-training column: not measured (no --ort-training-json FILE" in printed
     # issue 19's artifacts beside the CNN: each one lowered, timed, its first step onnxruntime-training's
     others = result["architectures"]
     assert [r["artifact"] for r in others] == list(bench_training.ARCHITECTURES)
@@ -236,6 +238,42 @@ def test_bench_training_without_torch_writes_json_and_markdown(tmp_path, capsys)
     printed = capsys.readouterr()
     _check_training_result(json.loads(out.read_text()), printed.out)
     assert "[training] cnn train step, batch 4" in printed.err
+
+
+def test_bench_training_reads_the_onnxruntime_training_json(tmp_path, capsys):
+    native = tmp_path / "native.json"
+    native.write_text(json.dumps({"tool": bench_training.NATIVE_TOOL, "artifact": "cnn", "onnxruntime_training": "x",
+                                  "steps": [{"batch": 4, "threads": 1, "median_ms": 0.5},
+                                            {"batch": 64, "threads": 1, "median_ms": 7.0}]}))
+    out = tmp_path / "training.json"
+    assert main(["bench", "--training", "--shapes", "tiny", "--no-torch", "--ort-training-json", str(native),
+                 "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    (row,) = json.loads(out.read_text())["steps"]
+    assert row["step_ms"] > 0 and row["ort_training_ms"] == 0.5
+    assert row["vs_ort_training"] == pytest.approx(row["step_ms"] / 0.5)
+    assert f"| {row['step_ms']:.2f} | 0.50 | {row['vs_ort_training']:.2f} |" in printed
+    assert "onnxruntime-training column: its Module + Optimizer step, from" in printed
+
+
+@pytest.mark.parametrize("content,problem", [
+    ("{", "not JSON"),
+    ('{"tool": "x", "steps": []}', "not a JSON written by tools/ort_training/native_step.py bench"),
+    ('{"tool": "tools/ort_training/native_step.py bench", "artifact": "resnet", "steps": []}',
+     "times the 'resnet' artifact, the bench runs 'cnn'"),
+    ('{"tool": "tools/ort_training/native_step.py bench", "artifact": "cnn", "steps": [{"batch": 4}]}',
+     "a step without batch, threads and median_ms"),
+])
+def test_bench_training_refuses_a_bad_onnxruntime_training_json(tmp_path, capsys, content, problem):
+    native = tmp_path / "native.json"
+    native.write_text(content)
+    assert main(["bench", "--training", "--shapes", "tiny", "--no-torch", "--ort-training-json", str(native)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert problem in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert main(["bench", "--training", "--no-torch", "--ort-training-json", str(tmp_path / "none.json")]) == 1
+    assert "cannot read it" in capsys.readouterr().err
+    assert main(["bench", "--ort-training-json", str(native)]) == 1
+    assert "only with --training" in capsys.readouterr().err
 
 
 def test_bench_training_when_torch_is_absent(tmp_path, capsys, monkeypatch):

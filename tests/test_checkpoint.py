@@ -234,10 +234,19 @@ def test_onnxruntime_training_loads_oplower_checkpoint_and_its_next_step_matches
     train(ARTIFACTS / name, _data(name), K, save_checkpoint=saved)
     now = read_checkpoint(saved)
     assert now.step == recorded_file.step == K
+    # moments relative to the largest moment of their kind over all parameters: a Linear bias before a
+    # training-mode BatchNorm (mlp_bce's 0.bias) has a gradient that is zero but for rounding, so its own
+    # moments are rounding noise (~1e-10) that any change of summation order in the forms moves wholesale
+    kinds = max((len(m) for m in recorded_file.moments.values()), default=0)  # 2 for AdamW, 0 for SGD
+    scales = [max(float(np.max(np.abs(m[i]))) for m in recorded_file.moments.values()) for i in range(kinds)]
     for p in recorded_file.params:
         _close(now.params[p], recorded_file.params[p], 1e-6, p)
-        for x, y in zip(now.moments[p], recorded_file.moments[p], strict=True):
-            _close(x, y, 1e-6, p) if np.any(y) else np.testing.assert_array_equal(x, y)
+        for i, (x, y) in enumerate(zip(now.moments[p], recorded_file.moments[p], strict=True)):
+            if np.any(y):
+                err = float(np.max(np.abs(np.asarray(x, np.float64) - y))) / scales[i]
+                assert err <= 1e-6, f"{p}: moment {i}: error {err:.3g} of the largest such moment"
+            else:
+                np.testing.assert_array_equal(x, y)
     # and its next step equals onnxruntime-training's step from that file
     models = _models(name, path)
     trainer = Trainer(models, checkpoint_start(WORKFLOW / name / "oplower_k3.ckpt", models))

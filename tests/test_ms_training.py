@@ -8,6 +8,7 @@ onnxruntime against the float64 reference; a training-like graph whose other com
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -264,8 +265,10 @@ def _forward_reference(feeds, epsilon=1e-5, momentum=0.9):
 @pytest.mark.parametrize("opset", [12, 13, 17, 18])
 @pytest.mark.parametrize("shape", [(6, 3), (2, 3, 7), (2, 3, 4, 5), (2, 3, 2, 3, 2)])
 @pytest.mark.parametrize("io_type,stat_type", [(F32, F32), (F16, F16), (F16, F32), (F64, F64)])
-def test_emit_batch_norm_internal_training(opset, shape, io_type, stat_type):
-    model = _emit_model(_plan(io_type, stat_type, len(shape), shape), opset, list(shape), shape[1])
+@pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])  # staged sums + Conv / ReduceMean
+def test_emit_batch_norm_internal_training(opset, shape, io_type, stat_type, static):
+    model = _emit_model(_plan(io_type, stat_type, len(shape), shape if static else None), opset, list(shape),
+                        shape[1])
     feeds = _forward_data(shape, io_type, stat_type)
     got = run_model(model, feeds)
     want = _forward_reference(feeds)
@@ -318,9 +321,10 @@ def test_emit_batch_norm_internal_inference_mode():
 
 
 def test_emit_batch_norm_internal_computes_only_what_is_requested():
-    def op_types(outputs):
-        b = NodeBuilder(17, "bni")
-        emit_batch_norm_internal(b, _plan(F32, F32, 4, (2, 3, 4, 4), outputs=outputs))
+    def op_types(outputs, shape=None, opset=13, target="onnxruntime"):
+        b = NodeBuilder(opset, "bni")
+        plan = dataclasses.replace(_plan(F32, F32, 4, shape, outputs=outputs), portable=target == "portable")
+        emit_batch_norm_internal(b, plan)
         return [n.op_type for n in b.nodes if n.op_type != "Constant"]
 
     y_only = op_types(("Y",))
@@ -330,6 +334,22 @@ def test_emit_batch_norm_internal_computes_only_what_is_requested():
     stats_only = op_types(("saved_mean", "saved_inv_std"))
     assert "Add" in stats_only and stats_only.count("Mul") == 1  # no Y, no running update
     assert op_types(()) == []
+    # static dims: staged sums (last axis, then a ones MatMul over N) and Y as one depthwise Conv with bias
+    staged = op_types(("Y",), (2, 3, 4, 4))
+    assert "ReduceMean" not in staged and staged.count("MatMul") == 2 and staged.count("Conv") == 1
+    assert staged.count("Mul") == 4 and "Add" in staged  # centred², mean and variance * 1/M, inv_std * scale
+    assert op_types(("saved_mean", "saved_inv_std"), (2, 3, 4, 4)).count("Conv") == 0
+    # opset 14 on, Y wanted: onnxruntime's own kernel (BatchNormalization in training mode, momentum 0)
+    for shape in (None, (2, 3, 4, 4)):
+        kernel = op_types(FORWARD_OUTPUTS, shape, opset=17)
+        assert kernel.count("BatchNormalization") == 1 and "ReduceMean" not in kernel and "Sub" not in kernel
+        assert "BatchNormalization" not in op_types(("saved_mean",), shape, opset=17)
+        assert "BatchNormalization" not in op_types(("Y",), shape, opset=17, target="portable")
+    b = NodeBuilder(17, "bni")
+    emit_batch_norm_internal(b, _plan(F32, F32, 4, (2, 3, 4, 4)))
+    (node,) = [n for n in b.nodes if n.op_type == "BatchNormalization"]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["training_mode"] == 1 and attrs["momentum"] == 0.0 and len(set(node.input[3:])) == 2
 
 
 def test_emit_batch_norm_internal_momentum_extremes():
@@ -607,3 +627,42 @@ def test_unknown_op_in_an_owned_domain_is_an_error():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("onednn", 1)])
     with pytest.raises(VerificationError, match="unknown op type 'BatchNormTrainingForward'"):
         _lower(model)
+
+
+# -- the recorded onnxruntime-training cases: at least as accurate as the native kernel ----------------------
+
+def _recorded_bn_internal_cases():
+    from _recorded import recorded_cases
+
+    return recorded_cases("BatchNormInternal")
+
+
+@pytest.mark.parametrize("case", _recorded_bn_internal_cases(), ids=lambda c: c["variant"])
+def test_recorded_batch_norm_internal_is_as_accurate_as_the_native_kernel(case):
+    """Each recorded case lowered and run: every output within 1e-5 of onnxruntime-training's; in training mode
+    each output's error against the float64 reference (runtime.reference) is at most the native kernel's,
+    and Y, the running statistics and saved_mean of the 4-d case are the native kernel's bits (the lowering
+    runs onnxruntime's BatchNormalization kernel, which is its BatchNormInternal kernel)."""
+    from test_training_grads_recorded import assert_matches_recorded, load_case
+
+    from lowering.passes import lower_model
+
+    model, feeds, recorded = load_case(case)
+    lowered = lower_model(model)
+    onnx.checker.check_model(lowered, full_check=True)
+    got = run_model(lowered, feeds)
+    assert_matches_recorded(got, recorded)
+    (node,) = model.graph.node
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if not attrs.get("training_mode", 0):
+        return
+    truth = reference.batch_norm_internal(*(feeds[n].astype(np.float64) for n in node.input),
+                                          epsilon=attrs["epsilon"], momentum=attrs["momentum"])
+    for key, name in zip(FORWARD_OUTPUTS, node.output, strict=True):
+        want = np.asarray(truth[key], np.float64).reshape(recorded[name].shape)
+        scale = float(np.max(np.abs(want)))
+        ours = float(np.max(np.abs(got[name] - want))) / scale
+        native = float(np.max(np.abs(recorded[name] - want))) / scale
+        assert ours <= native * (1 + 1e-9), f"{name}: error {ours:.3g} > onnxruntime-training's {native:.3g}"
+        if len(recorded["Y"].shape) == 4 and key != "saved_inv_std":
+            np.testing.assert_array_equal(got[name], recorded[name], err_msg=name)

@@ -23,6 +23,7 @@ CASES = recorded_cases(*OPS)
 def test_every_gradient_op_has_recorded_cases():
     assert {c["op_type"] for c in CASES} == set(OPS)
     assert len(CASES) >= 40
+    assert len(_f32_conv_grad_cases()) >= 14
 
 
 def load_case(case: dict) -> tuple[onnx.ModelProto, dict, dict]:
@@ -58,3 +59,35 @@ def test_lowering_matches_onnxruntime_training(case):
     onnx.checker.check_model(lowered, full_check=True)
     assert all(n.domain in ("", "ai.onnx") and n.op_type != case["op_type"] for n in lowered.graph.node)
     assert_matches_recorded(run_model(lowered, feeds), recorded)
+
+
+def _f32_conv_grad_cases() -> list[dict]:
+    """The f32 ConvGrad cases (the f16 one computes in f16 in the kernel: not comparable at f32 level)."""
+    return [c for c in CASES if c["op_type"] == "ConvGrad"
+            and all(v.dtype == np.float32 for v in load_case(c)[1].values())]
+
+
+@pytest.mark.parametrize("case", _f32_conv_grad_cases(), ids=lambda c: c["variant"])
+def test_conv_grad_is_as_accurate_as_the_native_kernel(case):
+    """Against the float64 adjoint (runtime.reference_training.conv_grad): dX and dW at most onnxruntime-training's
+    error on every recorded f32 case (dW sums per image, as the kernel does); dB within 2x of it (1-2 ulp: the
+    kernel's per-image Eigen dot products sum in an order no standard op reproduces; ours is the smaller error
+    in 7 of the 10 cases with dB)."""
+    from runtime import reference_training
+
+    model, feeds, recorded = load_case(case)
+    (node,) = model.graph.node
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    got = run_model(lower_model(model), feeds)
+    truth = reference_training.conv_grad(*(feeds[n] for n in node.input[:3]), group=attrs.get("group", 1),
+                                         strides=attrs.get("strides"), pads=attrs.get("pads"),
+                                         dilations=attrs.get("dilations"))
+    for i, name in enumerate(node.output):
+        if not name:
+            continue
+        want = np.asarray(truth[i], np.float64)
+        scale = float(np.max(np.abs(want)))
+        ours = float(np.max(np.abs(got[name] - want))) / scale
+        native = float(np.max(np.abs(recorded[name] - want))) / scale
+        bound = native * (2.0 if i == 2 else 1 + 1e-9)
+        assert ours <= bound, f"{name}: error {ours:.3g}, onnxruntime-training's {native:.3g}"

@@ -15,6 +15,12 @@ batch is timed on a copy whose data inputs and activation types are re-declared 
 spatial size cannot change the same way (pool gradients and grouped ConvGrad take spatial sizes from the
 declared types), and a different network would need onnxruntime-training to produce its training graph.
 
+The train-step column times what ``oplower train`` runs: :class:`lowering.training.Trainer` with the train-step
+model (one bound session run per step). The onnxruntime-training column comes from a JSON that
+``tools/ort_training/native_step.py bench`` writes in onnxruntime-training's own venv (its ``Module`` +
+``Optimizer`` step at the same batches and thread counts; the two cannot share a process); without that file
+the column is left empty and the markdown says so. Its ratio is train-step / onnxruntime-training.
+
 ConvGrad's share comes from onnxruntime's profiler: lowered node names start with the training node's name
 they came from, so every kernel's time is charged to that node's op type.
 """
@@ -40,6 +46,7 @@ from lowering.training import (
     OPTIMIZER_MODEL,
     TRAINING_MODEL,
     StartingPoint,
+    Trainer,
     TrainingModels,
     initial_parameters,
     lower_artifacts,
@@ -53,6 +60,29 @@ BATCHES = (4, 64, 256)
 FORWARD = "forward (standard ops)"  # nodes that no training op was lowered into
 WARMUP_STEPS = 20  # untimed steps per side first: torch's first eager steps ran 10-30x slow here
 LOSS_RTOL = 1e-4  # first-step losses: f32 on both sides, different kernels and summation orders
+NATIVE_TOOL = "tools/ort_training/native_step.py bench"
+
+
+class NativeTimesError(ModelError):
+    """The onnxruntime-training JSON cannot be read or is not for this bench."""
+
+
+def load_native_times(path: Path, artifact: str = "cnn") -> dict[tuple[int, int], float]:
+    """{(batch, threads): median ms} from ``native_step.py bench``'s JSON; one-line errors for a bad file."""
+    try:
+        result = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise NativeTimesError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise NativeTimesError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(result, dict) or result.get("tool") != NATIVE_TOOL or not isinstance(result.get("steps"), list):
+        raise NativeTimesError(f"{path}: not a JSON written by {NATIVE_TOOL}")
+    if result.get("artifact") != artifact:
+        raise NativeTimesError(f"{path}: times the {result.get('artifact')!r} artifact, the bench runs {artifact!r}")
+    try:
+        return {(int(r["batch"]), int(r["threads"])): float(r["median_ms"]) for r in result["steps"]}
+    except (KeyError, TypeError, ValueError):
+        raise NativeTimesError(f"{path}: a step without batch, threads and median_ms") from None
 
 
 def with_batch(model: onnx.ModelProto, batch: int, params: set[str]) -> onnx.ModelProto:
@@ -306,7 +336,8 @@ def time_training(directory: Path, batch: int, reps: int, torch, workdir: Path,
     data = batch_data(directory, batch)
     lr = learning_rate(directory)
     ort_step = OrtTrainStep(models, start, data, lr, threads=threads)
-    runners: dict[str, Callable[[], object]] = {"ort": ort_step}
+    trainer = Trainer(models, start, learning_rate=lr, threads=threads, spinning=False)
+    runners: dict[str, Callable[[], object]] = {"ort": ort_step, "step": lambda: trainer.step(data)}
     row: dict = {"threads": threads, "batch": batch, "input": list(data["input"].shape),
                  "redeclared": source != directory,
                  "lowered_nodes": len(models.training.graph.node), "ms": None, "torch_ms": None, "vs_torch": None,
@@ -327,6 +358,7 @@ def time_training(directory: Path, batch: int, reps: int, torch, workdir: Path,
             fn()
     times = _interleaved(runners, reps)
     row["ms"] = _median_ms(times["ort"])
+    row["step_ms"] = _median_ms(times["step"])
     if "torch" in times:
         row["torch_ms"] = _median_ms(times["torch"])
         row["vs_torch"] = row["ms"] / row["torch_ms"]
@@ -378,7 +410,8 @@ def conv_grad_formulation() -> str:
 
 def run_training_bench(*, batches: tuple[int, ...] = BATCHES, reps: int = 15, use_torch: bool = True,
                        threads: tuple[int, ...] | None = None, directory: Path = CNN_ARTIFACTS,
-                       profile_steps: int = 20, architectures: tuple[str, ...] = ARCHITECTURES,
+                       profile_steps: int = 20, native: Path | None = None,
+                       architectures: tuple[str, ...] = ARCHITECTURES,
                        progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     """Every batch at each thread count (default: 1 and every core; on a shared 2-core VM the one-thread rows
     are the ones other processes disturb least: torch's OpenMP regions wait for their slowest thread)."""
@@ -387,6 +420,7 @@ def run_training_bench(*, batches: tuple[int, ...] = BATCHES, reps: int = 15, us
     if not (directory / TRAINING_MODEL).exists():
         raise ModelError(f"{directory}: no {TRAINING_MODEL} (the bench needs the committed CNN artifacts of "
                          "tests/fixtures/ort_training, i.e. a source checkout)")
+    native_times = load_native_times(native, directory.name) if native is not None else None
     cores = max(1, machine()["cores"] or 1)
     threads = threads or tuple(sorted({1, cores}))
     torch = _torch() if use_torch else None
@@ -400,6 +434,9 @@ def run_training_bench(*, batches: tuple[int, ...] = BATCHES, reps: int = 15, us
                 sub = Path(workdir) / f"run{count}_{batch}"
                 sub.mkdir()
                 row = time_training(directory, batch, reps, torch, sub, progress, profile_steps, count)
+                native_ms = (native_times or {}).get((batch, count))
+                row["ort_training_ms"] = native_ms
+                row["vs_ort_training"] = row["step_ms"] / native_ms if native_ms else None
                 extra = f", torch {row['torch_ms']:.2f} ms ({row['vs_torch']:.2f}x)" if row["torch_ms"] else ""
                 progress(f"    {row['ms']:.2f} ms{extra}")
                 rows.append(row)
@@ -412,7 +449,11 @@ def run_training_bench(*, batches: tuple[int, ...] = BATCHES, reps: int = 15, us
             others.append(other)
     return {"machine": machine(), "torch": getattr(torch, "__version__", None), "reps": reps,
             "artifact": directory.name, "conv_grad_formulation": conv_grad_formulation(), "steps": rows,
-            "architectures": others}
+            "ort_training_json": None if native is None else str(native), "architectures": others}
+
+
+def _num(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
 
 
 def markdown(result: dict) -> str:
@@ -422,7 +463,8 @@ def markdown(result: dict) -> str:
              "artifact (training + optimizer model, lowered) against torch eager (forward, backward, AdamW step, "
              f"zero_grad); median of {result['reps']} steps, interleaved.", "",
              "| threads | batch | input | ms | training + optimizer ms | torch ms | × torch | first-step loss "
-             "(ort / torch) | ConvGrad share |", "|---:|---:|---|---:|---|---:|---:|---|---:|"]
+             "(ort / torch) | ConvGrad share | train-step ms | onnxruntime-training ms | × onnxruntime-training |",
+             "|---:|---:|---|---:|---|---:|---:|---|---:|---:|---:|---:|"]
     for r in result["steps"]:
         p = r["profile"]
         t_ms = f"{r['torch_ms']:.2f}" if r["torch_ms"] else "–"
@@ -431,7 +473,14 @@ def markdown(result: dict) -> str:
         shape = "×".join(map(str, r["input"])) + (" (re-declared)" if r["redeclared"] else "")
         lines.append(f"| {r['threads']} | {r['batch']} | {shape} | {r['ms']:.2f} | "
                      f"{p['training_ms']:.2f} + {p['optimizer_ms']:.2f} | "
-                     f"{t_ms} | {t_x} | {r['loss_ort']:.6f} / {torch_loss} | {p['conv_grad_share_of_step']:.0%} |")
+                     f"{t_ms} | {t_x} | {r['loss_ort']:.6f} / {torch_loss} | {p['conv_grad_share_of_step']:.0%} | "
+                     f"{r['step_ms']:.2f} | {_num(r.get('ort_training_ms'))} | {_num(r.get('vs_ort_training'))} |")
+    if result.get("ort_training_json") is None:
+        lines += ["", "onnxruntime-training column: not measured (no --ort-training-json FILE; write one with "
+                  f"`/path/to/ortt-venv/bin/python {NATIVE_TOOL} --out FILE` in onnxruntime-training's venv)."]
+    else:
+        lines += ["", f"onnxruntime-training column: its Module + Optimizer step, from {result['ort_training_json']} "
+                  f"({NATIVE_TOOL}, run apart); × onnxruntime-training = train-step ms / onnxruntime-training ms."]
     for r in result["steps"]:
         p = r["profile"]
         lines += ["", f"Training model, batch {r['batch']}, {r['threads']} thread(s), {r['lowered_nodes']} "

@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="instead: time a train step of the committed CNN artifact (lowered, plain onnxruntime) "
                         "against torch's eager step, with ConvGrad's share from onnxruntime's profiler "
                         "(--target and --runtimes do not apply)")
+    p.add_argument("--ort-training-json", metavar="FILE", type=Path,
+                   help="with --training: onnxruntime-training's own step times (written by "
+                        "tools/ort_training/native_step.py bench in its venv) for the onnxruntime-training column")
     # test-only: a tiny workload that exercises the machinery in seconds
     p.add_argument("--shapes", choices=("resnet50", "quick", "tiny"), help=argparse.SUPPRESS)
 
@@ -45,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
         kwargs = {"shapes": bench.RESNET50 if args.shapes == "resnet50" else bench.QUICK}
     if args.json is not None and not (args.json.parent if str(args.json.parent) else Path(".")).is_dir():
         raise OutputPathError(f"{args.json}: directory {args.json.parent} does not exist (checked before timing)")
+    if args.ort_training_json is not None and not args.training:
+        raise OutputPathError("--ort-training-json: only with --training (the onnxruntime-training column of the "
+                              "train-step bench)")
     if args.training:
         return _run_training(args)
     result = bench.run_bench(quick=args.quick, use_torch=not args.no_torch, target=args.target, runtimes=args.runtimes,
@@ -64,7 +70,7 @@ def _run_training(args: argparse.Namespace) -> int:
         kwargs = {"batches": (4,), "reps": 3, "profile_steps": 2, "threads": (1,)}
     elif args.quick:
         kwargs = {"batches": (4, 64), "reps": 7}
-    result = training.run_training_bench(use_torch=not args.no_torch, **kwargs)
+    result = training.run_training_bench(use_torch=not args.no_torch, native=args.ort_training_json, **kwargs)
     print(training.markdown(result))
     if args.json:
         write_atomic(args.json, (json.dumps(result, indent=2) + "\n").encode())

@@ -12,6 +12,7 @@ import numpy as np
 from onnx import TensorProto
 
 from lowering.cli.arguments import positive_int
+from lowering.labels import check_labels, label_inputs
 from lowering.modelio import load_model, write_atomic
 from lowering.rules import TARGETS
 from opdef.errors import LoweringError, OplowerError, RuntimeFailure
@@ -51,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputDataError(f"{outputs_path}: refusing to overwrite an input file")
     model = load_model(model_path)
     feeds = match_inputs(load_npz(inputs_path), model_inputs(model), inputs_path)
+    if args.check:  # the float64 reference takes class ids only (lowering.labels)
+        check_labels(feeds, label_inputs(model), str(inputs_path))
 
     custom = find_custom_nodes(model)
     runnable = model

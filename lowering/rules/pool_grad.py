@@ -16,10 +16,20 @@ cast once and rounded once): onnxruntime's CPU provider has no f64 ConvTranspose
 
 The portable target (no ScatterElements with its opset-dependent reduction, no ConvTranspose with a runtime
 input) spreads values back with :func:`lowering.rules.im2col.col2im`, which needs dY's spatial dims and the
-kernel_shape static. MaxPoolGrad: the index's position inside its sample's plane (``Indices - (Indices /
-plane) * plane``, integer division) compared with each kernel offset's input position for every output
-position (a constant [K, O...] map, -1 in the padding) is a one-hot over the offsets: ``Where(onehot, dY, 0)``
-is the per-offset piece. AveragePoolGrad: every offset's piece is dY times the 1/n map. Computed in f32 (f64
+kernel_shape static. MaxPoolGrad: the index's position inside its own sample's and channel's plane (``Indices``
+minus the plane's first flat index, a Range over N*C at run time) compared with each kernel offset's input
+position for every output position (a constant [K, O...] map, -1 in the padding) is a one-hot over the offsets:
+``Where(onehot, dY, 0)`` is the per-offset piece.
+
+Bad indices (a value MaxPool cannot produce; onnxruntime-training's kernel refuses one outside dX at run time,
+a standard graph cannot): in the onnxruntime forms an index outside [0, size of dX) adds nothing and nothing is
+read or written out of bounds. From opset 16 such an index is clamped into dX and its dY becomes 0 before the
+ScatterElements (it adds 0 there); below 16 the scatters work on dX plus one spare element that every such index is
+redirected to, cut off at the end (the indices of a group must stay distinct). An index inside dX but outside
+its window is added where it points (below opset 16, when two such indices of one group of disjoint windows
+coincide, one of their sums is kept). The portable form adds an index only at a position of its own window in
+its own plane: any other index, inside dX or not, adds nothing.
+AveragePoolGrad: every offset's piece is dY times the 1/n map. Computed in f32 (f64
 in f64), rounded once.
 """
 
@@ -33,7 +43,7 @@ import numpy as np
 from onnx import TensorProto
 
 from lowering.builder import NodeBuilder
-from lowering.emit_common import Emitter, compute_type
+from lowering.emit_common import Emitter, compute_type, guarded_index, index_in_range
 from lowering.rules import TARGETS, LoweringRequest, register_rule
 from lowering.rules.elementwise_grad import input_elem
 from lowering.rules.im2col import Windows, col2im
@@ -93,8 +103,7 @@ def lower_max_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         _check_window(request, spatial, outputs, params)
     if request.options.target == "portable":
         windows = _windows(request, spatial, dy_shape, params)
-        plane = e.ints(math.prod(spatial), "plane")
-        within = b.op1("Sub", [indices, b.op1("Mul", [b.op1("Div", [indices, plane]), plane])])
+        within = b.op1("Sub", [indices, _plane_starts(e, dy, len(spatial), math.prod(spatial))])
         positions = windows.input_positions()  # [K, O...]
 
         def piece(i: int) -> str:  # dY where offset i holds the window's maximum, else 0
@@ -105,24 +114,51 @@ def lower_max_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         return
     shape = _full_shape(e, dy, spatial)
     flat = e.ints([-1], "flat")
-    data = b.op1("Reshape", [b.op1("Expand", [e.scalar(0.0, "zero"), shape]), flat])
-    if b.opset >= SUMMING_SCATTER_SINCE:
-        data = b.op1("ScatterElements", [data, b.op1("Reshape", [indices, flat]), b.op1("Reshape", [dy, flat])],
+    zeros = b.op1("Reshape", [b.op1("Expand", [e.scalar(0.0, "zero"), shape]), flat])
+    static_size = None if dy_shape is None or not all(isinstance(d, int) for d in dy_shape[:2]) else \
+        dy_shape[0] * dy_shape[1] * math.prod(spatial)
+    size = None if static_size is not None else b.op1("ReduceProd", [shape], keepdims=1)
+    if b.opset >= SUMMING_SCATTER_SINCE:  # an index outside dX adds 0 at element 0
+        indices, inside = guarded_index(b, indices, TensorProto.INT64, size, static_size)
+        dy = b.op1("Where", [inside, dy, e.scalar(0.0, "zero")])
+        data = b.op1("ScatterElements", [zeros, b.op1("Reshape", [indices, flat]), b.op1("Reshape", [dy, flat])],
                      axis=0, reduction="add")
-    else:
-        for steps, residue in _groups(request, params, dy_shape, len(spatial)):
-            axes = list(range(2, 2 + len(spatial)))
-            def part(name: str, residue=residue, steps=steps, axes=axes) -> str:
-                if not any(s > 1 for s in steps):
-                    return b.op1("Reshape", [name, flat])
-                sliced = b.op1("Slice", [name, e.ints(list(residue), "starts"),
-                                         e.ints([_INT64_MAX] * len(axes), "ends"), e.ints(axes, "axes"),
-                                         e.ints(list(steps), "steps")])
-                return b.op1("Reshape", [sliced, flat])
-            idx = part(indices)
-            data = b.op1("ScatterElements", [data, idx, b.op1("Add", [b.op1("GatherElements", [data, idx], axis=0),
-                                                                      part(dy)])], axis=0)
+        e.finish("Reshape", [data, shape], out, io)
+        return
+    # one spare element past dX's end takes every index outside dX (a group's indices must stay distinct)
+    inside = index_in_range(b, indices, TensorProto.INT64, size, static_size)
+    end = size if size is not None else e.ints([static_size], "size")
+    data = b.op1("Concat", [zeros, b.op1("Reshape", [e.scalar(0.0, "zero"), e.ints([1], "one")])], axis=0)
+    indices = b.op1("Where", [inside, indices, end])
+    for steps, residue in _groups(request, params, dy_shape, len(spatial)):
+        axes = list(range(2, 2 + len(spatial)))
+        def part(name: str, residue=residue, steps=steps, axes=axes) -> str:
+            if not any(s > 1 for s in steps):
+                return b.op1("Reshape", [name, flat])
+            sliced = b.op1("Slice", [name, e.ints(list(residue), "starts"),
+                                     e.ints([_INT64_MAX] * len(axes), "ends"), e.ints(axes, "axes"),
+                                     e.ints(list(steps), "steps")])
+            return b.op1("Reshape", [sliced, flat])
+        idx = part(indices)
+        data = b.op1("ScatterElements", [data, idx, b.op1("Add", [b.op1("GatherElements", [data, idx], axis=0),
+                                                                  part(dy)])], axis=0)
+    data = b.op1("Slice", [data, e.ints([0], "starts"), end, e.ints([0], "axes")])
     e.finish("Reshape", [data, shape], out, io)
+
+
+def _plane_starts(e: Emitter, dy: str, spatial: int, plane: int) -> str:
+    """[N, C, 1...] int64: the flat index in dX where each (sample, channel) plane starts, N and C at run time
+    (two Ranges reshaped by constant shapes: tract 0.23 loads a symbolic batch so)."""
+    b = e.b
+    channels = b.op1("Gather", [b.op1("Shape", [dy]), e.ints(1, "channel_axis")], axis=0)
+    sample = b.op1("Mul", [channels, e.ints(plane, "plane")])
+    samples = b.op1("Mul", [b.op1("Gather", [b.op1("Shape", [dy]), e.ints(0, "batch_axis")], axis=0), sample])
+    units = [1] * spatial
+    per_sample = b.op1("Reshape", [b.op1("Range", [e.ints(0, "zero_index"), samples, sample]),
+                                   e.ints([-1, 1, *units], "sample_view")])
+    per_channel = b.op1("Reshape", [b.op1("Range", [e.ints(0, "zero_index"), sample, e.ints(plane, "plane")]),
+                                    e.ints([1, -1, *units], "channel_view")])
+    return b.op1("Add", [per_sample, per_channel])
 
 
 def _groups(request: LoweringRequest, params: PoolParameters, dy_shape, spatial: int):

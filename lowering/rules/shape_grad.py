@@ -7,7 +7,9 @@ FusedMatMul, GatherGrad, SliceGrad, ConcatTraining, SplitTraining.
   [P, n, R] view of dY (P: the product of the axes before ``axis``, n: the number of indices, R: of those
   after). onnxruntime target from opset 16: one ScatterND with ``reduction="add"`` (the rows of the
   [D, P, R] view; axis > 0 transposes P and n around it); portable target, or below opset 16: a one-hot
-  [D, n] matrix (Equal of a Range with the indices) times the [P, n, R] view, one MatMul.
+  [D, n] matrix (Equal of a Range with the indices) times the [P, n, R] view, one MatMul. An index outside
+  [-D, D) (a bad value: the forward Gather refuses it) adds nothing in both forms: the one-hot has no 1 for
+  it, and the ScatterND form adds a row of zeros at position 0 in its place (a Where over the rows of dY).
 - SliceGrad: per sliced axis, the positions the forward Slice read (start normalized and clamped as ONNX
   Slice does, then start + step * Range(n), n being dY's length there) receive dY's slices: a ScatterND
   (no reduction: the positions are distinct) for onnxruntime, the one-hot MatMul for portable. ``ends`` is
@@ -26,7 +28,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from lowering.builder import NodeBuilder
-from lowering.emit_common import Emitter, compute_type
+from lowering.emit_common import Emitter, compute_type, index_in_range
 from lowering.rules import TARGETS, LoweringRequest, register_rule
 from lowering.rules.elementwise_grad import input_elem
 from opdef.errors import LoweringError
@@ -185,6 +187,10 @@ def lower_gather_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     positions = b.op1("Where", [negative, b.op1("Add", [positions, size]), positions])
     view = _reshape(b, e.up(request.input("dY"), io), b.op1("Concat", [outer, e.ints([-1], "rest"), inner], axis=0))
     if request.options.target == "onnxruntime" and b.opset >= SCATTER_ADD_SINCE:
+        # an index outside [-D, D) adds nothing: its row of zeros goes to position 0
+        inside = index_in_range(b, positions, TensorProto.INT64, size, None)
+        positions = b.op1("Where", [inside, positions, e.ints(0, "zero")])
+        view = b.op1("Where", [_unsqueeze(b, e, inside, [0, 2]), view, e.scalar(0.0, "zero_value")])
         dx = _scatter_rows(b, e, view, positions, outer, size, inner, axis == 0, "add")
     else:
         dx = _one_hot_rows(b, e, view, positions, size)

@@ -2,12 +2,13 @@
 (``specs/com.microsoft/SoftmaxCrossEntropyLossGrad.rst``).
 
 ``d_logits = g * w * (exp(log_prob) - onehot(label))`` with the class axis 1: the one-hot is an Equal of
-the label against the class indices (a Range), the per-sample weight a Gather of ``weight`` at the label
-(ignored labels first replaced by 0, so an out-of-range ``ignore_index`` such as -100 is never gathered),
-zeroed where the label is ``ignore_index``. An ``ignore_index`` the label's type cannot hold (2**31 for
-int32 labels) equals no label: it is lowered as no ignore_index at all. For reduction ``mean`` g is dY
-over the sum of the weights (over the number of samples without weight and ignore_index), left undivided
-when that sum is 0.
+the label against the class indices (a Range), the per-sample weight a Gather of ``weight`` at the label.
+A label counts when it lies in [0, C) and is not ``ignore_index``; any other label (``ignore_index``, and a
+bad value such as -1 or C, which onnxruntime-training's kernel refuses at run time but a standard graph
+cannot) is ignored: replaced by a class id before the Gather (so nothing is read out of bounds) and weighted 0. An
+``ignore_index`` the label's type cannot hold (2**31 for int32 labels) equals no label: it is lowered as no
+ignore_index at all. For reduction ``mean`` g is dY over the sum of the counted labels' weights (over their
+number without weight), left undivided when that sum is 0.
 One form for both targets: Range, Equal, Gather, Where and elementwise arithmetic take runtime tensors
 everywhere (lowering.rules.PORTABLE_OPS).
 """
@@ -18,7 +19,7 @@ import numpy as np
 from onnx import TensorProto
 
 from lowering.builder import NodeBuilder
-from lowering.emit_common import Emitter, compute_type
+from lowering.emit_common import Emitter, compute_type, guarded_index
 from lowering.rules import TARGETS, LoweringRequest, register_rule
 from lowering.rules.elementwise_grad import input_elem
 
@@ -28,6 +29,22 @@ _INT_NP = {TensorProto.INT32: np.int32, TensorProto.INT64: np.int64}
 def _holds(label_type: int, value: int) -> bool:
     limits = np.iinfo(_INT_NP[label_type])
     return int(limits.min) <= value <= int(limits.max)
+
+
+def counted_labels(b: NodeBuilder, label: str, label_type: int, classes: str, static_classes,
+                   ignore_index: int | None) -> tuple[str, str]:
+    """(the labels with every one outside [0, C) replaced by a class id, the bool mask of the labels that
+    count: class ids other than ``ignore_index``), both shaped like ``label``. ``classes``: C as an int64
+    scalar at run time; ``static_classes``: C when the graph declares it. A negative ``ignore_index`` is out
+    of range anyway."""
+    int_np = _INT_NP[label_type]
+    static = static_classes if isinstance(static_classes, int) else None
+    safe, kept = guarded_index(b, label, label_type, None if static is not None else
+                               b.op1("Cast", [classes], to=label_type), static)
+    if ignore_index is not None and ignore_index >= 0:
+        ignored = b.op1("Equal", [label, b.const(np.array(ignore_index, int_np), hint="ignore_index")])
+        kept = b.op1("And", [kept, b.op1("Not", [ignored])])
+    return safe, kept
 
 
 def _unsqueeze(e: Emitter, name: str, axis: int) -> str:
@@ -65,27 +82,18 @@ def lower_softmax_cross_entropy_loss_grad(b: NodeBuilder, request: LoweringReque
     dy = e.up(request.input("dY"), io)
     if reduction != "none":
         dy = b.op1("Reshape", [dy, e.ints([], "scalar_shape")])
-    weights = None
-    ignored = None
-    safe_label = label
-    if ignore_index is not None:
-        ignored = b.op1("Equal", [label, b.const(np.array(ignore_index, _INT_NP[label_type]), hint="ignore_index")])
-        safe_label = b.op1("Where", [ignored, b.const(np.array(0, _INT_NP[label_type]), hint="zero_label"), label])
+    shape = request.inference.input_types[request.inference.schema.input_index("log_prob")]
+    static_classes = shape.shape[1] if shape is not None and shape.shape is not None and len(shape.shape) > 1 \
+        else None
+    safe_label, kept = counted_labels(b, label, label_type, classes, static_classes, ignore_index)
+    weights = b.op1("Cast", [kept], to=e.ct)
     if request.input("weight") is not None:
-        weights = b.op1("Gather", [e.up(request.input("weight"), io), safe_label], axis=0)
-    if ignored is not None:
-        kept = b.op1("Cast", [b.op1("Not", [ignored])], to=e.ct)
-        weights = kept if weights is None else b.op1("Mul", [weights, kept])
+        weights = b.op1("Mul", [b.op1("Gather", [e.up(request.input("weight"), io), safe_label], axis=0), weights])
     if reduction == "mean":
-        if weights is None:
-            total = b.op1("Cast", [b.op1("Size", [label])], to=e.ct)
-        else:
-            total = e.reduce("ReduceSum", weights, tuple(range(rank - 1)), keepdims=0) if rank is not None else \
-                b.op1("ReduceSum", [b.op1("Reshape", [weights, e.ints([-1], "flat")])] +
-                      ([] if b.opset < 13 else [e.ints([0], "axes")]), keepdims=0)
+        total = e.reduce("ReduceSum", weights, tuple(range(rank - 1)), keepdims=0) if rank is not None else \
+            b.op1("ReduceSum", [b.op1("Reshape", [weights, e.ints([-1], "flat")])] +
+                  ([] if b.opset < 13 else [e.ints([0], "axes")]), keepdims=0)
         zero = b.op1("Equal", [total, e.scalar(0.0, "zero")])
         total = b.op1("Where", [zero, e.scalar(1.0, "one"), total])  # nothing counted: dY undivided
         dy = b.op1("Div", [dy, total])
-    factor = dy if weights is None else b.op1("Mul", [weights, dy])
-    e.finish("Mul", [diff, _unsqueeze(e, factor, 1) if weights is not None or reduction == "none" else factor],
-             out, io)
+    e.finish("Mul", [diff, _unsqueeze(e, b.op1("Mul", [weights, dy]), 1)], out, io)

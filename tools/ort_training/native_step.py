@@ -3,6 +3,10 @@
     /work/ortt-venv/bin/python tools/ort_training/native_step.py make resnet_cifar --batch 32 --out DIR
     /work/ortt-venv/bin/python tools/ort_training/native_step.py time DIR --steps 30 [--threads 2] [--spin]
 
+    /work/ortt-venv/bin/python tools/ort_training/native_step.py memory DIR [--steps 5]
+    /work/ortt-venv/bin/python tools/ort_training/native_step.py bench --out native.json [--artifact DIR]
+        [--batches 4 64 256] [--threads 1 2] [--steps 20]
+
 ``make`` writes a generate_artifacts directory for a benchmark network (not a committed fixture: these are
 megabytes) plus ``data.npz`` (``input``, ``labels``), ``initial_params.npz`` and ``meta.json`` as the
 committed artifacts have them, so ``oplower train`` and ``tools/ab_train_step.py`` read it alike.
@@ -10,6 +14,12 @@ committed artifacts have them, so ``oplower train`` and ``tools/ab_train_step.py
 milliseconds of ``module(input, labels); optimizer.step(); module.lazy_reset_grad()`` over ``--steps``
 steps after warm-up steps, with 2 intra-op threads and spinning off unless ``--spin`` (onnxruntime's default
 spins, which on 2 cores takes them from whatever runs next).
+``bench`` times the native step of an artifact (default: the committed ``cnn``) at each batch and thread count
+that ``oplower bench --training`` runs, and writes the JSON that the bench's ``--ort-training-json`` reads
+(its onnxruntime-training column). A batch other than the artifact's own runs on a copy whose data inputs and
+activations are re-declared, as the bench's ``with_batch`` does, with seeded random data.
+``memory`` prints the resident memory before the first step and the peak during the steps (for
+``tools/step_memory.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +34,9 @@ from pathlib import Path
 import numpy as np
 
 WARMUP = 10
+HERE = Path(__file__).resolve().parent
+CNN = HERE.parents[1] / "tests" / "fixtures" / "ort_training" / "artifacts" / "cnn"
+BUFFER_SUFFIX, LAZY_RESET = "_grad.accumulation.buffer", "lazy_reset_grad"
 
 
 def resnet_cifar():
@@ -92,7 +105,52 @@ def make(name: str, batch: int, out: Path) -> None:
     print(f"wrote {out}")
 
 
-def time_native(directory: Path, steps: int, threads: int, spin: bool) -> dict:
+def at_batch(directory: Path, batch: int, workdir: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """``directory`` and its data at its own batch; otherwise a copy in ``workdir`` whose training model has its
+    data inputs' and activations' leading dim re-declared (parameter gradients excluded), and seeded data."""
+    import onnx
+
+    data = dict(np.load(directory / "data.npz"))
+    if data["input"].shape[0] == batch:
+        return directory, data
+    model = onnx.load(directory / "training_model.onnx")
+    params = set(np.load(directory / "initial_params.npz").files)
+    graph = model.graph
+    inputs = [i for i in graph.input if i.name not in params and not i.name.endswith(BUFFER_SUFFIX)
+              and i.name != LAZY_RESET]
+    old = inputs[0].type.tensor_type.shape.dim[0].dim_value
+    for value in (*inputs, *graph.value_info):
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) and dims[0].dim_value == old and not any(value.name.startswith(p + "_grad") for p in params):
+            dims[0].dim_value = batch
+    target = workdir / f"batch{batch}"
+    if not target.exists():
+        shutil.copytree(directory, target, ignore=shutil.ignore_patterns("training_model.onnx"))
+        onnx.save(model, target / "training_model.onnx")
+    rng = np.random.default_rng(batch)
+    classes = int(data["labels"].max()) + 1
+    return target, {"input": rng.standard_normal((batch, *data["input"].shape[1:]), dtype=np.float32),
+                    "labels": rng.integers(0, classes, batch).astype(data["labels"].dtype)}
+
+
+def bench(directory: Path, batches: list[int], threads: list[int], steps: int) -> dict:
+    import tempfile
+
+    import onnxruntime
+
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for count in threads:
+            for batch in batches:
+                source, data = at_batch(directory, batch, Path(work))
+                row = time_native(source, steps, count, False, data)
+                rows.append({"batch": batch, "threads": count, **row})
+                print(f"{directory.name} batch {batch}, {count} thread(s): {row['median_ms']:.3f} ms", file=sys.stderr)
+    return {"tool": "tools/ort_training/native_step.py bench", "onnxruntime_training": onnxruntime.__version__,
+            "artifact": directory.name, "steps": rows}
+
+
+def time_native(directory: Path, steps: int, threads: int, spin: bool, data: dict | None = None) -> dict:
     import onnxruntime as ort
     from onnxruntime.training.api import CheckpointState, Module, Optimizer
 
@@ -103,7 +161,7 @@ def time_native(directory: Path, steps: int, threads: int, spin: bool) -> dict:
     state = CheckpointState.load_checkpoint(str(directory / "checkpoint"))
     module = Module(str(directory / "training_model.onnx"), state, device="cpu", session_options=options)
     optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
-    data = np.load(directory / "data.npz")
+    data = data if data is not None else np.load(directory / "data.npz")
     x, y = data["input"], data["labels"]
     module.train()
 
@@ -122,6 +180,45 @@ def time_native(directory: Path, steps: int, threads: int, spin: bool) -> dict:
     return {"median_ms": float(np.median(times) * 1e3), "steps": steps, "threads": threads, "spin": spin}
 
 
+def memory_now() -> dict:
+    """VmRSS and VmHWM (the peak since the last reset) of this process, MB."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return {k: int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM")}
+
+
+def reset_peak() -> None:
+    """Reset VmHWM to the current RSS (Linux: 5 > /proc/self/clear_refs)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def memory_native(directory: Path, steps: int, threads: int) -> dict:
+    """Peak resident memory of ``steps`` native steps: RSS before the first step, the peak during the steps
+    (VmHWM reset just before them), MB. ``tools/step_memory.py`` runs this in a fresh process."""
+    import gc
+
+    import onnxruntime as ort
+    from onnxruntime.training.api import CheckpointState, Module, Optimizer
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    state = CheckpointState.load_checkpoint(str(directory / "checkpoint"))
+    module = Module(str(directory / "training_model.onnx"), state, device="cpu", session_options=options)
+    optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
+    data = np.load(directory / "data.npz")
+    x, y = data["input"], data["labels"]
+    module.train()
+    gc.collect()
+    before = memory_now()["VmRSS"]
+    reset_peak()
+    for _ in range(steps):
+        module(x, y)
+        optimizer.step()
+        module.lazy_reset_grad()
+    return {"side": "onnxruntime-training", "rss_before_mb": before, "peak_mb": memory_now()["VmHWM"],
+            "steps": steps, "threads": threads}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -134,9 +231,25 @@ def main() -> int:
     t.add_argument("--steps", type=int, default=30)
     t.add_argument("--threads", type=int, default=2)
     t.add_argument("--spin", action="store_true")
+    c = sub.add_parser("bench")
+    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--artifact", type=Path, default=CNN)
+    c.add_argument("--batches", type=int, nargs="+", default=[4, 64, 256])
+    c.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    c.add_argument("--steps", type=int, default=20)
+    mem = sub.add_parser("memory")
+    mem.add_argument("directory", type=Path)
+    mem.add_argument("--steps", type=int, default=5)
+    mem.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    if args.command == "make":
+    if args.command == "memory":
+        print(json.dumps(memory_native(args.directory, args.steps, args.threads)))
+    elif args.command == "make":
         make(args.network, args.batch, args.out)
+    elif args.command == "bench":
+        result = bench(args.artifact, args.batches, args.threads, args.steps)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.out}")
     else:
         print(json.dumps(time_native(args.directory, args.steps, args.threads, args.spin)))
     return 0

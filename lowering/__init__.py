@@ -7,7 +7,8 @@ the CLI's other commands do not pay for onnx-ir.
 
 from __future__ import annotations
 
-__all__ = ["LowerCustomOpsPass", "LoweringReport", "lower_model", "lower_model_with_report"]
+__all__ = ["LeftOp", "LeftOpsError", "LowerCustomOpsPass", "LoweringReport", "left_ops", "lower_model",
+           "lower_model_with_report"]
 
 
 def __getattr__(name: str):

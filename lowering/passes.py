@@ -30,7 +30,7 @@ from lowering.modelio import check_structure
 from lowering.rules import LoweringOptions, LoweringRequest, check_portable, check_target, rule_for
 from opdef import in_place
 from opdef.errors import LoweringError
-from opdef.graphs import all_nodes, model_nodes, subgraphs
+from opdef.graphs import all_nodes, first_output, located_nodes, model_nodes, subgraphs
 from opdef.node import NodeInference, TensorType
 from opdef.registry import Registry, load_schemas
 from opdef.verify import infer_node, tensor_type_to_proto, value_types_of_graph
@@ -42,19 +42,39 @@ ModelT = TypeVar("ModelT", onnx.ModelProto, ir.Model)
 # a rule's lowering with one of these is never copied: its subgraphs may read outer values by name
 _SUBGRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 Types = Mapping[str, TensorType | None]
+STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
+
+
+@dataclass(frozen=True)
+class LeftOp:
+    """Nodes of one non-standard op type the pass had no rule for, so they are still in the lowered model."""
+
+    op: str  # "domain::op_type"
+    count: int
+    first: str  # the first such node: its name (or index and first output) and where it sits
+    onnxruntime_runs: bool  # one of plain onnxruntime's own contrib ops (FusedMatMul ...): it runs there only
+
+    def describe(self) -> str:
+        runs = ("not standard ONNX: only onnxruntime runs it (one of its contrib ops)" if self.onnxruntime_runs
+                else "plain onnxruntime cannot run it")
+        return f"{self.count} x {self.op} left without a lowering rule (first: node {self.first}); {runs}"
 
 
 @dataclass
 class LoweringReport:
-    """What one run of the pass did: nodes lowered per ``domain::op_type``, node counts (all graphs)."""
+    """What one run of the pass did: nodes lowered per ``domain::op_type``, node counts (all graphs), and
+    ``left``: the non-standard ops still in the lowered model (no rule for them), in order of appearance."""
 
     lowered: Counter = field(default_factory=Counter)
     nodes_before: int = 0
     nodes_after: int = 0
+    left: tuple[LeftOp, ...] = ()
 
     def summary(self) -> str:
         per_op = ", ".join(f"{n} x {op}" for op, n in sorted(self.lowered.items())) or "no custom nodes"
-        return f"lowered {per_op}; nodes {self.nodes_before} -> {self.nodes_after}"
+        left = sum(op.count for op in self.left)
+        kept = f"; {left} non-standard node(s) left ({len(self.left)} op type(s))" if left else ""
+        return f"lowered {per_op}; nodes {self.nodes_before} -> {self.nodes_after}{kept}"
 
 
 class LowerCustomOpsPass(InPlacePass):
@@ -97,19 +117,33 @@ def _collector_paused() -> Iterator[None]:
 
 
 def lower_model(model: ModelT, *, registry: Registry | None = None, onednn_single_output: str = "spec",
-                target: str = "onnxruntime") -> ModelT:
+                target: str = "onnxruntime", strict: bool = False) -> ModelT:
     """Lower every custom node of ``model``: ``onnx.ModelProto`` in, a new ``ModelProto`` out (the input
     is not modified); ``onnx_ir.Model`` in, the same ``onnx_ir.Model`` out, lowered in place. ``target``:
     "onnxruntime" (tuned for its CPU provider) or "portable" (ops any conforming runtime runs with runtime
-    tensors as every data input; see lowering.rules.TARGETS)."""
+    tensors as every data input; see lowering.rules.TARGETS). Non-standard ops without a lowering rule stay
+    as they are (see :class:`LoweringReport` ``left``); ``strict=True`` raises :class:`LeftOpsError` instead."""
     return lower_model_with_report(model, registry=registry, onednn_single_output=onednn_single_output,
-                                   target=target)[0]
+                                   target=target, strict=strict)[0]
 
 
 def lower_model_with_report(model: ModelT, *, registry: Registry | None = None, onednn_single_output: str = "spec",
-                            target: str = "onnxruntime") -> tuple[ModelT, LoweringReport]:
+                            target: str = "onnxruntime", strict: bool = False) -> tuple[ModelT, LoweringReport]:
+    """:func:`lower_model` and the :class:`LoweringReport`. With ``strict``, a model that would keep
+    non-standard ops raises :class:`LeftOpsError` (an ``onnx_ir.Model`` is then left unmodified)."""
     lowering_pass = LowerCustomOpsPass(registry, onednn_single_output=onednn_single_output, target=target)
+    registry = registry if registry is not None else load_schemas()
     if isinstance(model, ir.Model):
+        if strict:  # lowered as a proto first: a refused model stays as it was
+            report = LoweringReport()
+            with _collector_paused():
+                lowered, modified = lower_proto(ir_bridge.to_proto(model), registry,
+                                                lowering_pass.options, report)
+            if report.left:
+                raise LeftOpsError(report.left)
+            if modified:
+                ir_bridge.swap_into(model, lowered)
+            return model, report
         lowering_pass(model)
         return model, lowering_pass.report
     if not isinstance(model, onnx.ModelProto):
@@ -117,15 +151,51 @@ def lower_model_with_report(model: ModelT, *, registry: Registry | None = None, 
     check_structure(model)  # a broken graph gets a precise ModelError, not a failure halfway through
     report = LoweringReport()
     with _collector_paused():
-        lowered, _ = lower_proto(model, registry if registry is not None else load_schemas(),
-                                 lowering_pass.options, report)
+        lowered, _ = lower_proto(model, registry, lowering_pass.options, report)
+    if strict and report.left:
+        raise LeftOpsError(report.left)
     return lowered, report
+
+
+class LeftOpsError(LoweringError):
+    """Strict lowering of a model that would keep non-standard ops (no lowering rule for them)."""
+
+    def __init__(self, left: tuple[LeftOp, ...]) -> None:
+        self.left = left
+        ops = "; ".join(f"{op.count} x {op.op} (first: node {op.first})" for op in left)
+        super().__init__(f"strict: {len(left)} non-standard op type(s) have no lowering rule and would stay: {ops}")
+
+
+def left_ops(model: onnx.ModelProto) -> tuple[LeftOp, ...]:
+    """The non-standard ops of ``model`` (every graph, subgraph and function), per op type in order of first
+    appearance; calls of model-local functions are not ops."""
+    local = {(f.domain, f.name) for f in model.functions}
+    found: dict[str, list] = {}
+    for node, index, where in located_nodes(model, _node_label):
+        if node.domain in STANDARD_DOMAINS or (node.domain, node.op_type) in local:
+            continue
+        key = f"{node.domain}::{node.op_type}"
+        entry = found.get(key)
+        if entry is None:
+            first = f"'{_node_label(node, index)}'" + (f" {where}" if where else "")
+            found[key] = [node.domain, node.op_type, 1, first]
+        else:
+            entry[2] += 1
+    if not found:
+        return ()
+    from runtime.session import onnxruntime_runs  # onnxruntime is imported only when something is left
+
+    return tuple(LeftOp(key, count, first, onnxruntime_runs(domain, op_type))
+                 for key, (domain, op_type, count, first) in found.items())
 
 
 def lower_proto(model: onnx.ModelProto, registry: Registry, options: LoweringOptions,
                 report: LoweringReport) -> tuple[onnx.ModelProto, bool]:
-    """The pass itself: a lowered copy of ``model`` (never modified) and whether anything changed."""
-    return _Lowering(model, registry, options, report).run()
+    """The pass itself: a lowered copy of ``model`` (never modified) and whether anything changed; the
+    ops it leaves go into ``report.left``."""
+    lowered, modified = _Lowering(model, registry, options, report).run()
+    report.left = left_ops(lowered)
+    return lowered, modified
 
 
 @dataclass
@@ -397,6 +467,13 @@ class _Lowering:
             if isinstance(graph, onnx.GraphProto) and name not in local and t.elem_type is not None:
                 graph.value_info.add(name=name).type.CopyFrom(tensor_type_to_proto(t))
             local[name] = t
+
+
+def _node_label(node: onnx.NodeProto, index: int) -> str:
+    if node.name:
+        return node.name
+    first = first_output(node)
+    return f"#{index} -> {first}" if first else f"#{index}"
 
 
 def _complete_output(graph: onnx.GraphProto, name: str, t: TensorType) -> None:

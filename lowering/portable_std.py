@@ -1,6 +1,7 @@
 """Standard ONNX ops that some runtimes lack, spelled out in :data:`lowering.rules.PORTABLE_OPS` for the
 portable target of whole training graphs (the train-step model): ``SoftmaxCrossEntropyLoss`` (tract 0.23
-has none), the forward loss of every CrossEntropyLoss artifact.
+has none), the forward loss of every CrossEntropyLoss artifact; a training-mode ``Dropout`` (OpenVINO 2025's ONNX
+frontend refuses ``training_mode`` true), spelled out with :data:`RANDOM_OPS` (see :func:`_training_dropout`).
 
 ``log_prob = x - max - log(sum(exp(x - max)))`` along axis 1; the loss per element is ``-w·log_prob`` at the
 label (a one-hot by Equal with the class ids), ``w`` the class weight at the label (1 without weights), 0
@@ -24,6 +25,9 @@ from lowering.rules.softmax_cross_entropy_loss_grad import counted_labels
 from opdef.verify import value_types_of_graph
 
 _INT_NP = {TensorProto.INT32: np.int32, TensorProto.INT64: np.int64}
+# what a spelled-out training-mode Dropout needs beyond PORTABLE_OPS: a random draw has no computed input
+# (RandomUniform, static shapes; tract 0.23 builds no RandomUniformLike) or one that only gives its shape
+RANDOM_OPS = frozenset({"RandomUniform", "RandomUniformLike"})
 
 
 def spell_out_for_portable(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -34,19 +38,63 @@ def spell_out_for_portable(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = default_opset(model.opset_import) or 13
     taken = {o for n in model.graph.node for o in n.output} | {vi.name for vi in model.graph.input} \
         | {t.name for t in model.graph.initializer}
+    constants = _constant_values(model.graph)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     del out.graph.node[:]
     for index, node in enumerate(model.graph.node):
         scores = types.get(node.input[0]) if node.input else None
-        if node.domain in ("", "ai.onnx") and node.op_type == "SoftmaxCrossEntropyLoss" and scores is not None \
+        standard = node.domain in ("", "ai.onnx")
+        if standard and node.op_type == "SoftmaxCrossEntropyLoss" and scores is not None \
                 and scores.shape is not None and types.get(node.input[1]) is not None:
             b = NodeBuilder(opset, f"sce_{index}", lambda name: name in taken, into=out.graph.node)
             _softmax_cross_entropy_loss(b, node, scores.elem_type, scores.shape, types[node.input[1]].elem_type)
             taken.update(b.used_names)
+        elif standard and node.op_type == "Dropout" and scores is not None and _training(node, constants):
+            b = NodeBuilder(opset, f"dropout_{index}", lambda name: name in taken, into=out.graph.node)
+            _training_dropout(b, node, scores.elem_type, scores.shape)
+            taken.update(b.used_names)
         else:
             out.graph.node.append(node)
     return out
+
+
+def _constant_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """The graph's initializers that are no graph input, and its Constant nodes' values, by name."""
+    inputs = {i.name for i in graph.input}
+    values = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer if t.name not in inputs}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            values[node.output[0]] = onnx.numpy_helper.to_array(node.attribute[0].t)
+    return values
+
+
+def _training(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> bool:
+    """A Dropout whose training_mode is a constant true (the only kind that drops; a computed one stays)."""
+    mode = node.input[2] if len(node.input) > 2 else ""
+    return bool(mode) and mode in constants and bool(np.asarray(constants[mode]).reshape(-1)[0])
+
+
+def _training_dropout(b: NodeBuilder, node: onnx.NodeProto, elem: int, shape) -> None:
+    """``keep = not (u < ratio)`` for ``u`` uniform in [0, 1) (so P(keep) = 1 - ratio), ``y = keep ? x / (1 - ratio)
+    : 0`` (ratio 1 gives zeros, not 0 * inf), ``mask = keep``. Another runtime draws other numbers than
+    onnxruntime: results agree only where no draw matters (ratio 0: every element kept)."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    x = node.input[0]
+    seed = {"seed": float(attrs["seed"])} if "seed" in attrs else {}
+    if shape is not None and all(isinstance(d, int) for d in shape):
+        draw = b.op1("RandomUniform", [], hint="uniform", shape=list(shape), dtype=elem, **seed)
+    else:
+        draw = b.op1("RandomUniformLike", [x], hint="uniform", dtype=elem, **seed)
+    ratio = node.input[1] if len(node.input) > 1 and node.input[1] else b.const(np.array(0.5, np.float32),
+                                                                               hint="default_ratio")
+    ratio = b.op1("CastLike", [ratio, x], hint="ratio")
+    keep = b.op1("Not", [b.op1("Less", [draw, ratio])], node.output[1] if len(node.output) > 1 and node.output[1]
+                 else None, hint="keep")
+    one = b.op1("CastLike", [b.const(np.array(1.0, np.float32), hint="one"), x], hint="one")
+    scaled = b.op1("Div", [x, b.op1("Sub", [one, ratio])], hint="scaled")
+    zero = b.op1("Sub", [one, one], hint="zero")
+    b.op1("Where", [keep, scaled, zero], node.output[0])
 
 
 def _softmax_cross_entropy_loss(b: NodeBuilder, node: onnx.NodeProto, elem: int, shape: tuple, label_type: int) -> None:

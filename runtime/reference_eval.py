@@ -44,7 +44,9 @@ _DECLARED = "oplower_declared_shape"
 _DECLARED_OUTPUT = {"max_pool_grad": "dX", "average_pool_grad": "dX", "in_place_accumulator": "updated"}
 # ... and, to a custom node a standard op reads from (a training graph's forward BatchNormInternal feeding
 # a Relu), this one: its results are rounded to their types even in exact mode, since onnx.reference's
-# standard ops refuse mixed float64 / float32 inputs. Results only graph outputs read stay float64.
+# standard ops refuse mixed float64 / float32 inputs. Results only graph outputs read stay float64. Its value
+# is each output's element type as onnx's shape inference gives it (0: unknown, then the rule's own rounding,
+# which follows an input: float64 when that input is another custom node's exact result).
 _ROUNDED = "oplower_rounded"
 
 
@@ -489,7 +491,9 @@ def op_classes(registry: Registry, *, exact: bool = False, single_output: str = 
             continue
 
         def _run(self, *inputs, _entry=entry, _rule=evaluate_rule, **attrs):
-            return _rule(_Node(_entry, self, inputs, attrs), exact and not attrs.get(_ROUNDED), single_output)
+            rounded = attrs.get(_ROUNDED)
+            results = _rule(_Node(_entry, self, inputs, attrs), exact and not rounded, single_output)
+            return _as_declared(results, rounded) if rounded else results
 
         classes.append(type(entry.binding.op_type, (OpRun,), {
             "op_domain": entry.binding.domain,
@@ -498,6 +502,19 @@ def op_classes(registry: Registry, *, exact: bool = False, single_output: str = 
             "__doc__": f"float64 reference of {entry.binding.domain}::{entry.binding.op_type}",
         }))
     return classes
+
+
+def _as_declared(results: tuple, elem_types) -> tuple:
+    """Float results cast to the element types a standard consumer expects (``_ROUNDED``'s value)."""
+    if not isinstance(elem_types, list | tuple):
+        return results
+    out = list(results)
+    for i, (value, elem) in enumerate(zip(results, elem_types, strict=False)):
+        if elem and isinstance(value, np.ndarray) and value.dtype.kind == "f":
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+            if dtype.kind == "f" and value.dtype != dtype:
+                out[i] = value.astype(dtype)
+    return tuple(out)
 
 
 class _MaxPoolWithIndices(_ReferenceMaxPool):
@@ -546,6 +563,7 @@ def _prepared_copy(model: onnx.ModelProto, registry: Registry) -> onnx.ModelProt
                 if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
     read_by_standard = {name for node in all_nodes(graph) if registry.get(node.domain, node.op_type) is None
                         for name in node.input}
+    inferred = _inferred_elem_types(model) if read_by_standard else {}
     nodes = []
     for node in graph.node:
         entry = registry.get(node.domain, node.op_type)
@@ -557,7 +575,8 @@ def _prepared_copy(model: onnx.ModelProto, registry: Registry) -> onnx.ModelProt
                 node.attribute.append(onnx.helper.make_attribute(_DECLARED, [d.dim_value for d in shape.dim],
                                                                  attr_type=onnx.AttributeProto.INTS))
         if entry is not None and read_by_standard.intersection(node.output):
-            node.attribute.append(onnx.helper.make_attribute(_ROUNDED, 1))
+            elem_types = [inferred.get(name, 0) for name in node.output]
+            node.attribute.append(onnx.helper.make_attribute(_ROUNDED, elem_types if any(elem_types) else 1))
         node, _, joins = in_place.expose(node, registry, graph, taken, {})
         nodes.append(node)
         nodes += [onnx.helper.make_node("Identity", [produced], [exposed]) for produced, exposed in joins]
@@ -577,6 +596,17 @@ def _prepared_copy(model: onnx.ModelProto, registry: Registry) -> onnx.ModelProt
         for domain in sorted(domains - have - {"ai.onnx"}):
             owner.opset_import.append(onnx.helper.make_opsetid(domain, 1))
     return copy
+
+
+def _inferred_elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every main-graph value onnx's shape inference (which knows the registry's ops) finds."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 -- inference is a help here, never a requirement
+        return {}
+    graph = inferred.graph
+    return {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)
+            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
 
 
 def reference_evaluator(model: onnx.ModelProto | str | Path, *, registry: Registry | None = None,

@@ -107,6 +107,11 @@ def _is_custom(domain: str, op_type: str, local_functions: frozenset[tuple[str, 
     return domain != "com.microsoft"
 
 
+def onnxruntime_runs(domain: str, op_type: str) -> bool:
+    """Whether plain onnxruntime has a kernel schema for the op (standard ops, its own contrib ops)."""
+    return not _is_custom(domain, op_type, frozenset())
+
+
 def _node_label(node: onnx.NodeProto, index: int) -> str:
     if node.name:
         return node.name

@@ -213,6 +213,23 @@ def _check_training_result(result: dict, printed: str) -> None:
     assert "| ConvGrad |" in printed and "ConvGrad formulation: dX: ConvTranspose" in printed
     assert row["step_ms"] > 0 and row["ort_training_ms"] is None and row["vs_ort_training"] is None
     assert "onnxruntime-training column: not measured (no --ort-training-json FILE" in printed
+    # issue 19's artifacts beside the CNN: each one lowered, timed, its first step onnxruntime-training's
+    others = result["architectures"]
+    assert [r["artifact"] for r in others] == list(bench_training.ARCHITECTURES)
+    for r in others:
+        assert r["error"] is None, r
+        assert r["threads"] == 1 and r["batch"] == 4 and r["ms"] > 0 and r["lowered_nodes"] > 0
+        assert r["loss_rel_diff"] <= 1e-5, r
+    assert "| artifact | threads | batch | lowered nodes | ms |" in printed and "| gpt | 1 | 4 |" in printed
+
+
+def test_an_artifact_that_does_not_lower_is_a_row_not_a_failed_bench(tmp_path):
+    (tmp_path / "training_model.onnx").write_bytes(b"not a model")
+    row = bench_training.time_architecture(tmp_path, 3, 1)
+    assert row["ms"] is None and "training_model.onnx" in row["error"]
+    result = {"machine": {"cpu": "x", "cores": 1, "onnxruntime": "1"}, "torch": None, "reps": 3, "artifact": "cnn",
+              "conv_grad_formulation": "", "steps": [], "architectures": [row]}
+    assert f"| {tmp_path.name} | 1 | – | – | – | not lowered: " in bench_training.markdown(result)
 
 
 def test_bench_training_without_torch_writes_json_and_markdown(tmp_path, capsys):

@@ -3,6 +3,7 @@ arguments and import against the current package without it, so they do not rot 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,17 @@ def test_native_step_redeclares_the_batch_like_the_bench(tmp_path):
 
     assert dims(theirs) == dims(ours) and dims(ours)["input"] == [16, 3, 8, 8]
     assert (source / "checkpoint").exists() and (source / "optimizer_model.onnx").exists()
+
+
+def test_artifact_agreement_prints_one_row_per_artifact():
+    """tools/ort_training/artifact_agreement.py (the numbers of the issue-19 report): the rows are the tests'
+    own measures, within the tests' tolerances on an artifact every op of which has a rule."""
+    env = {**os.environ, "PYTHONPATH": str(TOOLS.parent)}
+    done = subprocess.run([sys.executable, str(TOOLS / "ort_training" / "artifact_agreement.py"), "mlp", "cnn1d"],
+                          capture_output=True, text=True, timeout=300, cwd=TOOLS.parent, env=env)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines()[2:]]
+    assert [r[0].strip() for r in rows] == ["mlp", "cnn1d"]
+    for row in rows:
+        loss, gradient, parameter, curve = (float(v) for v in row[2:])
+        assert loss <= 1e-5 and gradient <= 1e-4 and parameter <= 1e-5 and curve <= 1e-4, row

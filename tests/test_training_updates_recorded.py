@@ -229,15 +229,16 @@ def test_readme_cnn_example_trains_like_onnxruntime_training(capsys):
 
 @pytest.mark.parametrize("name", ARTIFACTS)
 def test_every_artifact_lowers_to_standard_onnx(name):
-    """Acceptance of issue 12: both lowered models hold standard ONNX only and pass onnx.checker's full check."""
-    models = lower_artifacts(ROOT / "artifacts" / name)
-    for model in (models.training, models.optimizer):
+    """Acceptance of issues 12 and 19: both models lower in strict mode (no op left without a rule) to standard
+    ONNX only that passes onnx.checker's full check."""
+    for file in ("training_model.onnx", "optimizer_model.onnx"):
+        model = lowering.lower_model(onnx.load(ROOT / "artifacts" / name / file), strict=True)
         onnx.checker.check_model(model, full_check=True)
         assert {n.domain for n in model.graph.node} <= {"", "ai.onnx"}
         assert not [n.op_type for n in model.graph.node if n.op_type in ("MaxPoolGrad", "AveragePoolGrad")]
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "mobilenet"])
 def test_running_statistics_are_updated_like_onnxruntime_training(name):
     """BatchNormInternal updates its running statistics in place (they feed no node): the lowered training
     model returns them as '<input>.updated' and the trainer carries them, equal to what onnxruntime-training
@@ -253,7 +254,8 @@ def test_running_statistics_are_updated_like_onnxruntime_training(name):
         _close(trainer.frozen[r], recorded[f"{r}.updated"], 1e-5, f"{r} after one step")
 
 
-@pytest.mark.parametrize("name", ["cnn1d", "mlp_bce"])
+# issue 19's architectures too: their families' lowerings emit one form for both targets
+@pytest.mark.parametrize("name", ["cnn1d", "mlp_bce", "bert", "bert_torch", "gpt", "vit", "mobilenet", "mlp_act"])
 def test_portable_artifacts_train_like_onnxruntime_training(name):
     """--target portable for whole artifacts: the training and optimizer models hold only PORTABLE_OPS (Loop
     bodies included) and one step gives onnxruntime-training's loss, gradients and parameters."""

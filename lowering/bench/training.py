@@ -54,6 +54,8 @@ from lowering.training import (
 from opdef.errors import ModelError
 
 CNN_ARTIFACTS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "ort_training" / "artifacts" / "cnn"
+# issue 19's committed artifacts, each timed at its own batch beside the CNN (no torch side: onnxruntime only)
+ARCHITECTURES = ("bert", "bert_torch", "gpt", "vit", "mobilenet", "mlp_act")
 BATCHES = (4, 64, 256)
 FORWARD = "forward (standard ops)"  # nodes that no training op was lowered into
 WARMUP_STEPS = 20  # untimed steps per side first: torch's first eager steps ran 10-30x slow here
@@ -366,6 +368,37 @@ def time_training(directory: Path, batch: int, reps: int, torch, workdir: Path,
     return row
 
 
+def time_architecture(directory: Path, reps: int, threads: int) -> dict:
+    """One train step (training + optimizer model, lowered) of a committed artifact at its own batch and data:
+    the median time and the first-step loss against onnxruntime-training's recorded one. An artifact that does
+    not lower yet is a row with its ``error`` instead of a failed bench."""
+    from lowering.bench import _interleaved, _median_ms
+    from opdef.errors import OplowerError
+
+    row: dict = {"artifact": directory.name, "threads": threads, "batch": None, "lowered_nodes": None, "ms": None,
+                 "loss_ort": None, "loss_recorded": None, "loss_rel_diff": None, "error": None}
+    try:
+        models = lower_artifacts(directory)
+    except OplowerError as exc:
+        row["error"] = " ".join(str(exc).split())
+        return row
+    meta = json.loads((directory / "meta.json").read_text())
+    initial = dict(np.load(directory / "initial_params.npz"))
+    start = initial_parameters(directory, models, initial, source=str(directory / "initial_params.npz"))
+    data = dict(np.load(directory / "data.npz"))
+    feeds = {models.training.graph.input[0].name: data["input"], meta["labels_input"]: data["labels"]}
+    step = OrtTrainStep(models, start, feeds, learning_rate(directory), threads=threads)
+    row["batch"] = int(data["input"].shape[0])
+    row["lowered_nodes"] = len(models.training.graph.node) + len(models.optimizer.graph.node)
+    row["loss_ort"] = step()
+    row["loss_recorded"] = float(json.loads((directory / "api_curve.json").read_text())["loss"][0])
+    row["loss_rel_diff"] = abs(row["loss_ort"] - row["loss_recorded"]) / abs(row["loss_recorded"])
+    for _ in range(WARMUP_STEPS):
+        step()
+    row["ms"] = _median_ms(_interleaved({"ort": step}, reps)["ort"])
+    return row
+
+
 def conv_grad_formulation() -> str:
     """How ConvGrad is lowered: the first sentence of each output's bullet in the rule's docstring."""
     from lowering.rules import conv_grad
@@ -378,6 +411,7 @@ def conv_grad_formulation() -> str:
 def run_training_bench(*, batches: tuple[int, ...] = BATCHES, reps: int = 15, use_torch: bool = True,
                        threads: tuple[int, ...] | None = None, directory: Path = CNN_ARTIFACTS,
                        profile_steps: int = 20, native: Path | None = None,
+                       architectures: tuple[str, ...] = ARCHITECTURES,
                        progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     """Every batch at each thread count (default: 1 and every core; on a shared 2-core VM the one-thread rows
     are the ones other processes disturb least: torch's OpenMP regions wait for their slowest thread)."""
@@ -406,9 +440,16 @@ def run_training_bench(*, batches: tuple[int, ...] = BATCHES, reps: int = 15, us
                 extra = f", torch {row['torch_ms']:.2f} ms ({row['vs_torch']:.2f}x)" if row["torch_ms"] else ""
                 progress(f"    {row['ms']:.2f} ms{extra}")
                 rows.append(row)
+    others = []
+    for count in threads:
+        for name in architectures:
+            progress(f"[training] {name} train step, {count} thread{'s' * (count > 1)}")
+            other = time_architecture(directory.parent / name, reps, count)
+            progress(f"    {other['ms']:.2f} ms" if other["error"] is None else f"    not lowered: {other['error']}")
+            others.append(other)
     return {"machine": machine(), "torch": getattr(torch, "__version__", None), "reps": reps,
             "artifact": directory.name, "conv_grad_formulation": conv_grad_formulation(), "steps": rows,
-            "ort_training_json": None if native is None else str(native)}
+            "ort_training_json": None if native is None else str(native), "architectures": others}
 
 
 def _num(value: float | None) -> str:
@@ -451,4 +492,16 @@ def markdown(result: dict) -> str:
             top = ", ".join(f"{op} {ms:.3f}" for op, ms in list(g["ops"].items())[:4])
             lines.append(f"| {g['origin']} | {g['ms']:.3f} | {g['share']:.0%} | {top} |")
     lines += ["", f"ConvGrad formulation: {result['conv_grad_formulation']}"]
+    if result.get("architectures"):
+        lines += ["", "Issue 19's committed artifacts (tests/fixtures/ort_training/artifacts), one train step each at "
+                  "its own batch on plain onnxruntime (lowered training + optimizer model), median of "
+                  f"{result['reps']} steps:", "",
+                  "| artifact | threads | batch | lowered nodes | ms | first-step loss (ort / onnxruntime-training) |",
+                  "|---|---:|---:|---:|---:|---|"]
+        for r in result["architectures"]:
+            if r["error"] is not None:
+                lines.append(f"| {r['artifact']} | {r['threads']} | – | – | – | not lowered: {r['error']} |")
+                continue
+            lines.append(f"| {r['artifact']} | {r['threads']} | {r['batch']} | {r['lowered_nodes']} | {r['ms']:.2f} | "
+                         f"{r['loss_ort']:.6f} / {r['loss_recorded']:.6f} |")
     return "\n".join(lines)

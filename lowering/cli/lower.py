@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="'onnxruntime' (default): tuned for onnxruntime's CPU provider; 'portable': only ops "
                         "every ONNX runtime runs with computed inputs (no Conv/BatchNormalization on computed "
                         "weights or statistics)")
+    p.add_argument("--strict", action="store_true",
+                   help="fail (exit 1, OUT not written) when a non-standard op without a lowering rule would "
+                        "stay in the model; without it each such op type is one warning line on stderr")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,9 +57,19 @@ def run(args: argparse.Namespace) -> int:
         lowered, report = lower_model_with_report(model, registry=registry,
                                                   onednn_single_output=args.onednn_single_output,
                                                   target=args.target)
+    except OplowerError as exc:
+        raise InFile(source, exc) from exc
+    if report.left and args.strict:
+        ops = "; ".join(f"{op.count} x {op.op} (first: node {op.first})" for op in report.left)
+        print(f"oplower lower: error: {source}: --strict: {len(report.left)} op type(s) have no lowering rule "
+              f"and would stay: {ops}; {target} not written", file=sys.stderr)
+        return 1
+    try:
         check_lowered(lowered, model)  # the guarantee: nothing is written that the checker or onnxruntime refuses
     except OplowerError as exc:
         raise InFile(source, exc) from exc
+    for op in report.left:
+        print(f"oplower lower: warning: {source}: {op.describe()}", file=sys.stderr)
     print(f"{source} -> {target}: {report.summary()}")
     if args.verify:
         failures = verify_lowering(model, lowered, source.parent, registry, seed=args.seed,

@@ -115,13 +115,205 @@ def randomize_batch_norm(model: nn.Module, gen: torch.Generator) -> None:
                 module.running_var.copy_(1.0 + 0.3 * torch.rand(c, generator=gen))
 
 
-# name: (model factory, input shape, labels kind, loss, optimizer)
+# -- the architectures people train on device (issue 19): tiny, every Dropout's ratio patched to 0 ----------
+
+VOCAB, SEQ, HIDDEN, HEADS, FFN = 16, 8, 8, 2, 16  # tiny: the fixtures store every parameter ~8 times
+
+
+class Attention(nn.Module):
+    """Hand-written multi-head self-attention: Linear q/k/v, MatMul, Softmax, Dropout (causal optional)."""
+
+    def __init__(self, causal: bool = False):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(HIDDEN, HIDDEN) for _ in range(3))
+        self.out = nn.Linear(HIDDEN, HIDDEN)
+        self.drop = nn.Dropout(0.1)
+        self.causal = causal
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        d = HIDDEN // HEADS
+
+        def heads(y):
+            return y.reshape(b, t, HEADS, d).transpose(1, 2)
+
+        q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
+        scores = torch.matmul(q, k.transpose(-2, -1)) / d ** 0.5
+        if self.causal:
+            mask = torch.ones(t, t).triu(1).bool()
+            scores = scores.masked_fill(mask, float("-inf"))
+        attn = self.drop(torch.softmax(scores, dim=-1))
+        return self.out(torch.matmul(attn, v).transpose(1, 2).reshape(b, t, HIDDEN))
+
+
+class Block(nn.Module):
+    """Post-norm (BERT) or pre-norm (GPT, ViT) encoder block with a GELU MLP."""
+
+    def __init__(self, causal: bool = False, approximate: str = "none", pre_norm: bool = False):
+        super().__init__()
+        self.attn = Attention(causal)
+        self.norm1, self.norm2 = nn.LayerNorm(HIDDEN), nn.LayerNorm(HIDDEN)
+        self.mlp = nn.Sequential(nn.Linear(HIDDEN, FFN), nn.GELU(approximate=approximate), nn.Linear(FFN, HIDDEN),
+                                 nn.Dropout(0.1))
+        self.pre_norm = pre_norm
+
+    def forward(self, x):
+        if self.pre_norm:
+            x = x + self.attn(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+        x = self.norm1(x + self.attn(x))
+        return self.norm2(x + self.mlp(x))
+
+
+class Bert(nn.Module):
+    """Token + position embeddings, one encoder block, a classifier on the first token."""
+
+    def __init__(self, torch_layer: bool = False, classes: int = 4):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, HIDDEN)
+        self.pos = nn.Embedding(SEQ, HIDDEN)
+        self.drop = nn.Dropout(0.1)
+        self.block = (nn.TransformerEncoderLayer(HIDDEN, HEADS, FFN, dropout=0.1, activation="gelu",
+                                                 batch_first=True) if torch_layer else Block())
+        self.head = nn.Linear(HIDDEN, classes)
+
+    def forward(self, tokens):
+        positions = torch.arange(tokens.shape[1]).unsqueeze(0)
+        x = self.drop(self.tok(tokens) + self.pos(positions))
+        return self.head(self.block(x)[:, 0])
+
+
+class Gpt(nn.Module):
+    """A pre-norm causal block (erf GELU), learned positions sliced to the length, a tanh-GELU projection and a
+    head tied to the token embedding; predicts the token after the last one."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, HIDDEN)
+        self.pos = nn.Parameter(0.1 * torch.randn(1, 2 * SEQ, HIDDEN))
+        self.block = Block(causal=True, pre_norm=True)
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.proj = nn.Sequential(nn.Linear(HIDDEN, HIDDEN), nn.GELU(approximate="tanh"))
+
+    def forward(self, tokens):
+        x = self.tok(tokens) + self.pos[:, : tokens.shape[1]]
+        x = self.proj(self.norm(self.block(x))[:, -1])
+        return torch.matmul(x, self.tok.weight.t())
+
+
+class Vit(nn.Module):
+    """Conv patch embedding (8x8 image, 4x4 patches), a cls token, positions, one pre-norm block."""
+
+    def __init__(self, classes: int = 4):
+        super().__init__()
+        self.patch = nn.Conv2d(3, HIDDEN, 4, stride=4)
+        self.cls = nn.Parameter(0.1 * torch.randn(1, 1, HIDDEN))
+        self.pos = nn.Parameter(0.1 * torch.randn(1, 5, HIDDEN))
+        self.block = Block(pre_norm=True)
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.head = nn.Linear(HIDDEN, classes)
+
+    def forward(self, image):
+        x = self.patch(image).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        return self.head(self.norm(self.block(x))[:, 0])
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, expand: int = 2):
+        super().__init__()
+        mid = cin * expand
+        self.layers = nn.Sequential(
+            nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU6(),
+            nn.Conv2d(mid, mid, 3, stride=stride, padding=1, groups=mid, bias=False), nn.BatchNorm2d(mid),
+            nn.ReLU6(), nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        y = self.layers(x)
+        return x + y if self.residual else y
+
+
+def mobilenet() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU6(),  # 8x8 -> 4x4
+        InvertedResidual(8, 8, 1), InvertedResidual(8, 12, 2),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(12, 4))
+
+
+def mlp_act() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 16), nn.SiLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16),
+                         nn.LeakyReLU(0.1), nn.Linear(16, 3), nn.Softmax(dim=-1))
+
+
+def perturb_constant_parameters(model: nn.Module, gen: torch.Generator) -> None:
+    # LayerNorm's ones/zeros and attention's zero biases: distinct values, so no two parameters are equal
+    # (onnxruntime deduplicates equal initializers; DESIGN.md section 9) and every gradient is exercised
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.numel() > 1 and bool((p == p.reshape(-1)[0]).all()):
+                p.add_(0.1 * torch.randn(p.shape, generator=gen))
+
+
+def patch_forward(model: onnx.ModelProto) -> onnx.ModelProto:
+    """What generate_artifacts needs and torch's export does not give (DESIGN.md section 9): every
+    LayerNormalization also outputs Mean and InvStdDev; every Dropout outputs its mask (nn.MultiheadAttention's
+    has none)."""
+    for node in model.graph.node:
+        if node.op_type == "LayerNormalization" and len(node.output) == 1:
+            node.output.extend([f"{node.output[0]}.mean", f"{node.output[0]}.inv_std_dev"])
+        if node.op_type == "Dropout" and len(node.output) == 1:
+            node.output.append(f"{node.output[0]}.mask")
+    return model
+
+
+def zero_dropout_ratios(path: Path) -> int:
+    """Set the ratio of every Dropout and DropoutGrad in a generated model to 0, in place: the results are then
+    comparable with another runtime (no random masks). Done after generate_artifacts, because onnxruntime's
+    optimizer removes a forward Dropout of ratio 0 (and with it DropoutGrad) before building the gradient graph;
+    the mask DropoutGrad reads keeps them in the session. Returns the number of nodes changed."""
+    model = onnx.load(path)
+    graph = model.graph
+    positions = {"Dropout": 1, "DropoutGrad": 2}
+    changed = 0
+    replaced: set[str] = set()
+    for node in graph.node:
+        position = positions.get(node.op_type)
+        if position is None or len(node.input) <= position or not node.input[position]:
+            continue  # no ratio: the default 0.5 in training mode -- not generated here
+        zero = f"{node.name or node.output[0]}.ratio0"
+        graph.initializer.append(helper.make_tensor(zero, onnx.TensorProto.FLOAT, [], [0.0]))
+        replaced.add(node.input[position])
+        node.input[position] = zero
+        changed += 1
+    read = {name for node in graph.node for name in node.input}
+    kept = [t for t in graph.initializer if t.name not in replaced or t.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    onnx.save(model, path)
+    return changed
+
+
+# name: (model factory, input shape, labels kind, loss, optimizer[, options]); options: "vocab" (the input is
+# token ids below it), "patch" (patch_forward the exported model)
 ARTIFACTS = {
     "cnn": (cnn, (4, 3, 8, 8), ("class", 4), artifacts.LossType.CrossEntropyLoss, artifacts.OptimType.AdamW),
     "mlp": (mlp, (4, 6), ("real", 3), artifacts.LossType.MSELoss, artifacts.OptimType.SGD),
     "mlp_bce": (mlp, (4, 6), ("binary", 3), artifacts.LossType.BCEWithLogitsLoss, artifacts.OptimType.AdamW),
     "mlp_l1": (mlp, (4, 6), ("real", 3), artifacts.LossType.L1Loss, artifacts.OptimType.SGD),
     "cnn1d": (cnn1d, (4, 3, 11), ("class", 3), artifacts.LossType.CrossEntropyLoss, artifacts.OptimType.SGD),
+    "bert": (Bert, (4, SEQ), ("class", 4), artifacts.LossType.CrossEntropyLoss, artifacts.OptimType.AdamW,
+             {"vocab": VOCAB, "patch": True}),
+    "bert_torch": (lambda: Bert(torch_layer=True), (4, SEQ), ("class", 4), artifacts.LossType.CrossEntropyLoss,
+                   artifacts.OptimType.AdamW, {"vocab": VOCAB, "patch": True}),
+    "gpt": (Gpt, (4, SEQ), ("class", VOCAB), artifacts.LossType.CrossEntropyLoss, artifacts.OptimType.AdamW,
+            {"vocab": VOCAB, "patch": True}),
+    "vit": (Vit, (4, 3, 8, 8), ("class", 4), artifacts.LossType.CrossEntropyLoss, artifacts.OptimType.AdamW,
+            {"patch": True}),
+    "mobilenet": (mobilenet, (4, 3, 8, 8), ("class", 4), artifacts.LossType.CrossEntropyLoss,
+                  artifacts.OptimType.AdamW, {"patch": True}),
+    "mlp_act": (mlp_act, (4, 6), ("real", 3), artifacts.LossType.MSELoss, artifacts.OptimType.AdamW,
+                {"patch": True}),
     "lstm": (lstm, (3, 5, 4), ("class", 3), artifacts.LossType.CrossEntropyLoss, artifacts.OptimType.AdamW),
     "gru": (gru, (3, 5, 4), ("class", 3), artifacts.LossType.CrossEntropyLoss, artifacts.OptimType.AdamW),
     "lstm2": (lstm2, (3, 5, 4), ("class", 3), artifacts.LossType.CrossEntropyLoss, artifacts.OptimType.AdamW),
@@ -145,29 +337,42 @@ def _np_type(value_info) -> np.dtype:
 
 
 def make(name: str, out_root: Path, seed: int) -> dict:
-    factory, in_shape, (label_kind, classes), loss, optim = ARTIFACTS[name]
+    factory, in_shape, (label_kind, classes), loss, optim, *rest = ARTIFACTS[name]
+    options = rest[0] if rest else {}
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     model = factory()
     randomize_batch_norm(model, gen)
+    if options.get("patch"):
+        perturb_constant_parameters(model, gen)
     model.train()
     directory = out_root / name
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
-    x = torch.randn(*in_shape, generator=gen)
+    if "vocab" in options:
+        x = torch.randint(0, options["vocab"], in_shape, generator=gen)
+    else:
+        x = torch.randn(*in_shape, generator=gen)
     forward = directory / "forward_model.onnx"
     torch.onnx.export(model, (x,), str(forward), input_names=["input"], output_names=["output"],
                       opset_version=17, do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING,
                       dynamo=False)
     fwd = onnx.load(forward)
-    # nn.LSTM / nn.GRU name theirs weight_ih_l0, bias_hh_l1_reverse ...
-    requires_grad = [init.name for init in fwd.graph.initializer
-                     if (init.name.endswith(("weight", "bias")) or ".weight_" in init.name or ".bias_" in init.name)
-                     and "running" not in init.name]
+    if options.get("patch"):
+        fwd = patch_forward(fwd)
+        trainable = {n for n, _ in model.named_parameters()}
+        requires_grad = [init.name for init in fwd.graph.initializer if init.name in trainable]
+    else:  # nn.LSTM / nn.GRU name theirs weight_ih_l0, bias_hh_l1_reverse ...
+        requires_grad = [init.name for init in fwd.graph.initializer
+                         if (init.name.endswith(("weight", "bias")) or ".weight_" in init.name or ".bias_" in init.name)
+                         and "running" not in init.name]
     frozen = [init.name for init in fwd.graph.initializer if init.name not in requires_grad]
     artifacts.generate_artifacts(fwd, requires_grad=requires_grad, frozen_params=frozen, loss=loss,
                                  optimizer=optim, artifact_directory=str(directory))
     forward.unlink()  # the training/eval models hold everything; keep the fixture set small
+    if options.get("patch"):
+        for f in ("training_model.onnx", "eval_model.onnx"):
+            zero_dropout_ratios(directory / f)
     train_path, eval_path, opt_path = (directory / f for f in ("training_model.onnx", "eval_model.onnx",
                                                                "optimizer_model.onnx"))
     train_model = onnx.load(train_path)
@@ -176,7 +381,7 @@ def make(name: str, out_root: Path, seed: int) -> dict:
     label_name = train_model.graph.input[1].name
     label_dtype = _np_type(inputs[label_name])
     rng = np.random.default_rng(seed)
-    data = x.numpy().astype(np.float32)
+    data = x.numpy() if "vocab" in options else x.numpy().astype(np.float32)
     if label_kind == "class":
         labels = rng.integers(0, classes, size=in_shape[0]).astype(label_dtype)
     elif label_kind == "binary":

@@ -75,7 +75,8 @@ class LoweringRequest:
     wanted: frozenset[str]  # output value names that a node, subgraph or graph output consumes
     options: LoweringOptions = field(default_factory=LoweringOptions)
     # the node's output names that are outputs of the graph (or function) being lowered: a caller-owned
-    # buffer in onnxruntime, which an op cannot work in place on (see lowering/bn_emit.py's Conv form)
+    # buffer in onnxruntime, which an op cannot work in place on (see the Conv form in
+    # lowering/rules/batch_norm_backward/emit.py)
     graph_outputs: frozenset[str] = frozenset()
 
     def input(self, role: str) -> str | None:

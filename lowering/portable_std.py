@@ -31,8 +31,8 @@ RANDOM_OPS = frozenset({"RandomUniform", "RandomUniformLike"})
 
 
 def spell_out_for_portable(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` whose main-graph SoftmaxCrossEntropyLoss nodes of known input rank are spelled out
-    (the others stay as they are)."""
+    """A copy of ``model`` whose main-graph SoftmaxCrossEntropyLoss nodes of known input rank, and Dropout nodes
+    with a constant true training_mode and a known input type, are spelled out (the others stay as they are)."""
     inferred = onnx.shape_inference.infer_shapes(model)
     types = value_types_of_graph(inferred.graph)
     opset = default_opset(model.opset_import) or 13
@@ -88,10 +88,10 @@ def _training_dropout(b: NodeBuilder, node: onnx.NodeProto, elem: int, shape) ->
         draw = b.op1("RandomUniformLike", [x], hint="uniform", dtype=elem, **seed)
     ratio = node.input[1] if len(node.input) > 1 and node.input[1] else b.const(np.array(0.5, np.float32),
                                                                                hint="default_ratio")
-    ratio = b.op1("CastLike", [ratio, x], hint="ratio")
+    ratio = b.op1("Cast", [ratio], hint="ratio", to=elem)  # Cast, not CastLike: that needs opset 15
     keep = b.op1("Not", [b.op1("Less", [draw, ratio])], node.output[1] if len(node.output) > 1 and node.output[1]
                  else None, hint="keep")
-    one = b.op1("CastLike", [b.const(np.array(1.0, np.float32), hint="one"), x], hint="one")
+    one = b.op1("Cast", [b.const(np.array(1.0, np.float32), hint="one")], hint="one", to=elem)
     scaled = b.op1("Div", [x, b.op1("Sub", [one, ratio])], hint="scaled")
     zero = b.op1("Sub", [one, one], hint="zero")
     b.op1("Where", [keep, scaled, zero], node.output[0])

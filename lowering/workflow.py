@@ -159,7 +159,8 @@ def evaluate(directory: Path | str, data: Mapping[str, np.ndarray], values: Mapp
         try:
             out = session.run(wanted, batch)
         except Exception as exc:  # noqa: BLE001
-            raise RuntimeFailure(f"{EVAL_MODEL}: batch {k}: {ort_message(exc)}") from None
+            raise RuntimeFailure(f"{directory / EVAL_MODEL} (lowered): batch {k}{' of ' + source if source else ''}: "
+                                 f"{ort_message(exc)}") from None
         losses.append(float(np.asarray(out[0]).reshape(-1)[0]))
         if on_batch is not None:
             on_batch(k + 1, count, losses[-1])

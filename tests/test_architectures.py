@@ -136,7 +136,7 @@ def test_oplower_eval_gives_the_first_training_loss(name, tmp_path, capsys):
 
 # -- the portable train-step model: a training-mode Dropout spelled out (lowering/portable_std.py) -------------
 
-def _dropout_model(ratio: float, training: bool, batch: int | str = 64) -> onnx.ModelProto:
+def _dropout_model(ratio: float, training: bool, batch: int | str = 64, opset: int = 17) -> onnx.ModelProto:
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 32])
@@ -146,7 +146,7 @@ def _dropout_model(ratio: float, training: bool, batch: int | str = 64) -> onnx.
     graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 32]),
                                                 helper.make_tensor_value_info("mask", TensorProto.BOOL, [batch, 32])],
                               [helper.make_tensor("ratio", TensorProto.FLOAT, [], [ratio])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
 def _spelled_out(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -164,12 +164,13 @@ def _check_dropout(x, got, ratio):
     return float(mask.mean())
 
 
+@pytest.mark.parametrize("opset", [12, 17])  # Dropout takes training_mode from 12
 @pytest.mark.parametrize("ratio, kept", [(0.0, (1.0, 1.0)), (0.25, (0.7, 0.8)), (1.0, (0.0, 0.0))])
-def test_training_dropout_is_spelled_out_with_a_random_draw(ratio, kept):
+def test_training_dropout_is_spelled_out_with_a_random_draw(ratio, kept, opset):
     from lowering.portable_std import RANDOM_OPS
     from runtime.session import run_model
 
-    model = _spelled_out(_dropout_model(ratio, training=True))
+    model = _spelled_out(_dropout_model(ratio, training=True, opset=opset))
     ops = {n.op_type for n in model.graph.node}
     assert "Dropout" not in ops and ops & RANDOM_OPS == {"RandomUniform"}
     x = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32) + 3

@@ -18,6 +18,8 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
+from _one_node import close, numeric_gradient, one_node_model, verify
+from _one_node import verification_error as _error
 from _recorded import recorded_cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,10 +30,9 @@ from test_training_grads_recorded import assert_matches_recorded, load_case
 from lowering.cli import main
 from lowering.passes import lower_model
 from lowering.rules import PORTABLE_OPS, TARGETS, rule_targets
-from opdef.errors import LoweringError, VerificationError
+from opdef.errors import LoweringError
 from opdef.node import TensorType
 from opdef.parse import parse_spec
-from opdef.verify import infer_node
 from runtime import reference_eval
 from runtime import reference_normalization as ref
 from runtime.session import run_model
@@ -41,29 +42,12 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ort_training"
 MS = "com.microsoft"
 F32, F16, BF16, F64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE
 NP = {F32: np.float32, F16: np.float16, BF16: ml_dtypes.bfloat16, F64: np.float64}
-TOL = {F32: 2e-6, F16: 2e-3, BF16: 1.6e-2, F64: 1e-12}  # of the output's largest magnitude
 SOFTMAX_OPS = {  # op: (second input, log-softmax, pre-13 trailing sum, default axis)
     "SoftmaxGrad": ("Y", False, True, 1), "SoftmaxGrad_13": ("Y", False, False, -1),
     "LogSoftmaxGrad": ("X", True, True, 1), "LogSoftmaxGrad_13": ("X", True, False, -1)}
 NORM_OPS = ("LayerNormalizationGrad", "SimplifiedLayerNormalizationGrad", "SimplifiedLayerNormalization")
 RECORDED = recorded_cases(*SOFTMAX_OPS, *NORM_OPS)
 vi = helper.make_tensor_value_info
-
-
-def close(got, want, elem_type, what="", scale=0.0):
-    """Within TOL of the largest entry of ``want`` (or of ``scale`` where that is larger: a result that is a small
-    difference of larger terms carries their rounding)."""
-    got, want = np.asarray(got).astype(np.float64), np.asarray(want, dtype=np.float64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    err = float(np.max(np.abs(got - want))) / max(float(np.max(np.abs(want))), scale, 1e-30)
-    assert err <= TOL[elem_type], f"{what}: relative error {err:.3g} > {TOL[elem_type]}"
-
-
-def one_node_model(node, inputs, outputs, opset=17):
-    graph = helper.make_graph([node], "g", [vi(n, t, s) for n, t, s in inputs], [vi(n, t, s) for n, t, s in outputs])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
-    model.ir_version = 8
-    return model
 
 
 def lowered(model, target="onnxruntime"):
@@ -75,26 +59,6 @@ def lowered(model, target="onnxruntime"):
     if target == "portable":
         assert ops <= PORTABLE_OPS, sorted(ops - PORTABLE_OPS)
     return out
-
-
-def verify(node, types):
-    return infer_node(node, {k: TensorType(t, s) for k, (t, s) in types.items()})
-
-
-def _error(node, types) -> str:
-    with pytest.raises(VerificationError) as info:
-        verify(node, types)
-    message = str(info.value)
-    assert "\n" not in message and f"'{node.name}'" in message
-    return message
-
-
-def numeric_gradient(f, x, direction_count=4, eps=1e-6, seed=0):
-    """Directional derivatives of the scalar f at x along a few random directions (float64)."""
-    rng = np.random.default_rng(seed)
-    for _ in range(direction_count):
-        v = rng.standard_normal(x.shape)
-        yield v, (f(x + eps * v) - f(x - eps * v)) / (2 * eps)
 
 
 # -- schemas ---------------------------------------------------------------------------------------------------
@@ -462,7 +426,7 @@ def test_softmax_references_match_finite_differences(log, axis, trailing):
     forward = ref.log_softmax if log else ref.softmax
     y = forward(x, axis, trailing)
     grad = (ref.log_softmax_grad if log else ref.softmax_grad)(dy, y, axis, trailing)
-    for v, numeric in numeric_gradient(lambda z: np.sum(dy * forward(z, axis, trailing)), x):
+    for v, numeric in numeric_gradient(lambda z: np.sum(dy * forward(z, axis, trailing)), x, direction_count=4):
         assert abs(np.sum(grad * v) - numeric) <= 1e-7 * max(1.0, abs(numeric))
 
 
@@ -489,7 +453,7 @@ def test_layer_norm_references_match_finite_differences(simplified, axis):
     for name, grad in grads.items():
         def along(value, name=name):
             return loss(**{"z": x, "s": scale, "b": bias, {"x": "z", "scale": "s", "bias": "b"}[name]: value})
-        for v, numeric in numeric_gradient(along, point[name]):
+        for v, numeric in numeric_gradient(along, point[name], direction_count=4):
             assert abs(np.sum(grad * v) - numeric) <= 1e-6 * max(1.0, abs(numeric)), name
 
 

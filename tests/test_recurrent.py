@@ -13,6 +13,7 @@ import itertools
 import numpy as np
 import onnx
 import pytest
+from _one_node import one_node_model
 from _recorded import FIXTURES, recorded_cases
 from onnx import TensorProto, helper
 from test_portable import _run as _run_any
@@ -48,13 +49,8 @@ def _model(op: str, feeds: dict, in_order, outputs, attrs: dict, elem=F32, opset
     while names and not names[-1]:
         names.pop()
     node = helper.make_node(op, names, list(outputs), domain=MS, name=op.lower(), **attrs)
-    inputs = [helper.make_tensor_value_info(n, I32 if n == "sequence_lengths" else elem, list(feeds[n].shape))
-              for n in names if n]
-    graph = helper.make_graph([node], "g", inputs,
-                              [helper.make_tensor_value_info(o, elem, [None] * RANK[o]) for o in outputs if o])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
-    model.ir_version = 8
-    return model
+    inputs = [(n, I32 if n == "sequence_lengths" else elem, list(feeds[n].shape)) for n in names if n]
+    return one_node_model(node, inputs, [(o, elem, [None] * RANK[o]) for o in outputs if o], opset)
 
 
 def _lstm_inputs(rng, steps=4, batch=3, inputs=5, hidden=3, directions=1, bias=True, state=True, peep=False,

@@ -3,8 +3,9 @@ batch symbolic, NCX and NXC, f32 and bf16, each node's diff_src either a graph o
 in a training graph), its parameter gradients graph outputs.
 
 It exercises together what the unit tests take one at a time: copies of a lowering for nodes with the same
-key (lowering/passes.py), the Conv forms with a symbolic batch, staged sums (lowering/bn_emit.py). Checked
-against the float64 reference evaluator of the un-lowered model (runtime/reference_eval.py), run at batch 1.
+key (lowering/passes.py), the Conv forms with a symbolic batch, staged sums
+(lowering/rules/batch_norm_backward/emit.py). Checked against the float64 reference evaluator of the un-lowered
+model (runtime/reference_eval.py), run at batch 1.
 """
 
 from __future__ import annotations

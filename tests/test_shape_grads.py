@@ -19,6 +19,8 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
+from _one_node import close, one_node_model, verify
+from _one_node import verification_error as _error
 from _recorded import recorded_cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,7 +37,6 @@ from opdef.errors import LoweringError, VerificationError
 from opdef.node import TensorType
 from opdef.onnx_defs import register_onnx_schemas
 from opdef.parse import parse_spec
-from opdef.verify import infer_node
 from runtime import reference_shape as ref
 from runtime.reference_eval import evaluate
 from runtime.session import run_model
@@ -46,39 +47,10 @@ F32, F16, BF16, F64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT
 I32, I64, BOOL = TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL
 NP = {F32: np.float32, F16: np.float16, BF16: ml_dtypes.bfloat16, F64: np.float64, I32: np.int32, I64: np.int64,
       BOOL: np.bool_}
-TOL = {F32: 2e-6, F16: 2e-3, BF16: 1.6e-2, F64: 1e-12, I64: 0, I32: 0, BOOL: 0}  # of the largest magnitude
 OPS = ("FusedMatMul", "GatherGrad", "SliceGrad", "ConcatTraining", "SplitTraining")
 RULES = ("fused_matmul", "gather_grad", "slice_grad", "concat_training", "split_training")
 vi = helper.make_tensor_value_info
 RNG = np.random.default_rng(19)
-
-
-def close(got, want, elem, what=""):
-    got, want = np.asarray(got).astype(np.float64), np.asarray(want, dtype=np.float64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    if want.size == 0:
-        return
-    err = float(np.max(np.abs(got - want))) / max(float(np.max(np.abs(want))), 1e-30)
-    assert err <= TOL[elem], f"{what}: relative error {err:.3g} > {TOL[elem]}"
-
-
-def one_node_model(node, inputs, outputs, opset=17):
-    graph = helper.make_graph([node], "g", [vi(n, t, s) for n, t, s in inputs], [vi(n, t, s) for n, t, s in outputs])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
-    model.ir_version = 8
-    return model
-
-
-def verify(node, types):
-    return infer_node(node, {k: TensorType(t, s) for k, (t, s) in types.items()})
-
-
-def _error(node, types) -> str:
-    with pytest.raises(VerificationError) as info:
-        verify(node, types)
-    message = str(info.value)
-    assert "\n" not in message and f"'{node.name}'" in message
-    return message
 
 
 def rand(shape, elem=F32):

@@ -14,15 +14,15 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
+from _one_node import close, numeric_gradient, one_node_model
+from _one_node import verification_error as _error
 from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from lowering.passes import lower_model
 from opdef.errors import LoweringError, VerificationError
-from opdef.node import TensorType
 from opdef.parse import parse_spec
-from opdef.verify import infer_node
 from runtime import reference_training as ref
 from runtime.session import run_model
 
@@ -31,22 +31,7 @@ MS = "com.microsoft"
 F32, F16, BF16, F64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE
 I32, I64 = TensorProto.INT32, TensorProto.INT64
 NP = {F32: np.float32, F16: np.float16, BF16: ml_dtypes.bfloat16, F64: np.float64, I32: np.int32, I64: np.int64}
-TOL = {F32: 2e-6, F16: 2e-3, BF16: 1.6e-2, F64: 1e-12}  # of the output's largest magnitude
 vi = helper.make_tensor_value_info
-
-
-def close(got, want, elem_type, what=""):
-    got, want = np.asarray(got).astype(np.float64), np.asarray(want, dtype=np.float64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    err = float(np.max(np.abs(got - want))) / max(float(np.max(np.abs(want))), 1e-30)
-    assert err <= TOL[elem_type], f"{what}: relative error {err:.3g} > {TOL[elem_type]}"
-
-
-def one_node_model(node, inputs, outputs, opset=17):
-    graph = helper.make_graph([node], "g", [vi(n, t, s) for n, t, s in inputs], [vi(n, t, s) for n, t, s in outputs])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
-    model.ir_version = 8
-    return model
 
 
 def lowered_outputs(model, feeds):
@@ -54,18 +39,6 @@ def lowered_outputs(model, feeds):
     onnx.checker.check_model(lowered, full_check=True)
     assert all(n.domain in ("", "ai.onnx") for n in lowered.graph.node)
     return run_model(lowered, feeds)
-
-
-def numeric_gradient(f, x, direction_count=6, eps=1e-6, seed=0):
-    """Directional derivatives of the scalar f at x along a few random directions (float64)."""
-    rng = np.random.default_rng(seed)
-    for _ in range(direction_count):
-        v = rng.standard_normal(x.shape)
-        yield v, (f(x + eps * v) - f(x - eps * v)) / (2 * eps)
-
-
-def verify(node, types):
-    return infer_node(node, {k: TensorType(t, s) for k, (t, s) in types.items()})
 
 
 # -- schemas ---------------------------------------------------------------------------------------------
@@ -112,14 +85,6 @@ def test_softmax_cross_entropy_loss_grad_schema():
 
 
 # -- constraints: one failing node each --------------------------------------------------------------------
-
-def _error(node, types) -> str:
-    with pytest.raises(VerificationError) as info:
-        verify(node, types)
-    message = str(info.value)
-    assert "\n" not in message and f"'{node.name}'" in message
-    return message
-
 
 def test_error_relu_grad_c1_shapes_differ():
     node = helper.make_node("ReluGrad", ["dy", "x"], ["dx"], domain=MS, name="rg")

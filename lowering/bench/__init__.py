@@ -236,7 +236,7 @@ def _peer_runner(torch, x: np.ndarray, dy: np.ndarray, layout: str) -> Callable[
 def time_in_graph(layout: str, channels: int, size: int, batch: int, reps: int, torch=None,
                   target: str = "onnxruntime") -> dict:
     """f32, diff_src read by a ReduceSum (:func:`read_by_a_node`; the lowering then may work in place, see
-    lowering/bn_emit.py) against torch's backward followed by ``.sum()`` of its diff_src."""
+    lowering/rules/batch_norm_backward/emit.py) against torch's backward followed by ``.sum()`` of its diff_src."""
     from lowering import lower_model
     from runtime.session import PreparedModel
 

@@ -75,7 +75,8 @@ class LoweringRequest:
     wanted: frozenset[str]  # output value names that a node, subgraph or graph output consumes
     options: LoweringOptions = field(default_factory=LoweringOptions)
     # the node's output names that are outputs of the graph (or function) being lowered: a caller-owned
-    # buffer in onnxruntime, which an op cannot work in place on (see lowering/bn_emit.py's Conv form)
+    # buffer in onnxruntime, which an op cannot work in place on (see the Conv form in
+    # lowering/rules/batch_norm_backward/emit.py)
     graph_outputs: frozenset[str] = frozenset()
 
     def input(self, role: str) -> str | None:
@@ -90,6 +91,11 @@ class LoweringRequest:
         """The value name the rule must produce for an output role; None: not requested or unused."""
         name = self.inference.roles.get(role)
         return name if name and name in self.wanted else None
+
+    def error(self, problem: str) -> LoweringError:
+        """A LoweringError naming the node: ``<domain> <op_type> '<name>': <problem>``."""
+        node = self.inference
+        return LoweringError(f"{node.domain} {node.op_type} '{node.node_name}': {problem}")
 
 
 Rule = Callable[[NodeBuilder, LoweringRequest], None]
@@ -145,19 +151,16 @@ def check_portable(request: LoweringRequest, op_types: Iterable[str]) -> None:
         return
     other = sorted(set(op_types) - PORTABLE_OPS)
     if other:
-        node = request.inference
-        raise LoweringError(f"{node.domain} {node.op_type} '{node.node_name}': the portable lowering emitted "
-                            f"{', '.join(other)}, which not every runtime runs with computed inputs")
+        raise request.error(f"the portable lowering emitted {', '.join(other)}, which not every runtime runs with "
+                            "computed inputs")
 
 
 def check_target(key: str, request: LoweringRequest) -> None:
     """A LoweringError naming the node when the rule for ``key`` has no form for the requested target."""
     targets = rule_targets(key)
     if request.options.target not in targets:
-        node = request.inference
-        raise LoweringError(f"{node.domain} {node.op_type} '{node.node_name}': no {request.options.target} "
-                            f"lowering: rule {key!r} emits only for {', '.join(targets)} (use --target "
-                            f"{targets[0]})")
+        raise request.error(f"no {request.options.target} lowering: rule {key!r} emits only for "
+                            f"{', '.join(targets)} (use --target {targets[0]})")
 
 
 def rule_for(key: str) -> Rule:

@@ -30,13 +30,7 @@ from lowering.emit_common import Emitter, compute_type
 from lowering.rules import TARGETS, LoweringRequest, register_rule
 from lowering.rules.elementwise_grad import input_elem
 from lowering.rules.im2col import Windows, col2im, im2col
-from opdef.errors import LoweringError
 from opdef.rules.conv_grad import ConvParameters, ParameterError, conv_parameters
-
-
-def _fail(request: LoweringRequest, problem: str) -> LoweringError:
-    i = request.inference
-    return LoweringError(f"{i.domain} {i.op_type} '{i.node_name}': {problem}")
 
 
 def _shape(request: LoweringRequest, name: str):
@@ -53,13 +47,13 @@ def lower_conv_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     x_shape, w_shape = _shape(request, "X"), _shape(request, "W")
     rank = request.inference.rank
     if rank is None or w_shape is None or not all(isinstance(d, int) for d in w_shape):
-        raise _fail(request, "ConvGrad needs W's shape static to be lowered "
-                             f"(W {w_shape if w_shape is not None else 'of unknown shape'})")
+        raise request.error("ConvGrad needs W's shape static to be lowered "
+                            f"(W {w_shape if w_shape is not None else 'of unknown shape'})")
     spatial = rank - 2
     try:
         params = conv_parameters(request.inference.attributes, spatial, w_shape[2:])
     except ParameterError as exc:
-        raise _fail(request, str(exc)) from None
+        raise request.error(str(exc)) from None
     portable = request.options.target == "portable"
     e = Emitter(b, compute_type(io) if portable else TensorProto.FLOAT)
     dy = e.up(request.input("dY"), io)
@@ -111,8 +105,8 @@ def _input_gradient(e: Emitter, request: LoweringRequest, params: ConvParameters
             if params.strides[a] == 1:  # nothing can be dropped by the floor division
                 output_padding.append(0)
                 continue
-            raise _fail(request, f"dX needs X's spatial size on axis {a + 2} with stride {params.strides[a]} "
-                                 f"(X {list(x_shape) if x_shape is not None else 'of unknown shape'})")
+            raise request.error(f"dX needs X's spatial size on axis {a + 2} with stride {params.strides[a]} "
+                                f"(X {list(x_shape) if x_shape is not None else 'of unknown shape'})")
         output_padding.append((size + params.pads[a] + params.pads[a + spatial] - span) % params.strides[a])
     attrs = {"group": params.group, "strides": list(params.strides), "dilations": list(params.dilations),
              "pads": list(params.pads), "kernel_shape": list(w_shape[2:])}
@@ -172,13 +166,13 @@ def _portable_gradients(e: Emitter, request: LoweringRequest, params: ConvParame
     spatial = len(w_shape) - 2
     rank = spatial + 2
     if x_shape is None or not all(isinstance(d, int) for d in x_shape[2:]):
-        raise _fail(request, "the portable lowering needs X's spatial dims static (its windows are static "
-                             f"slices); X {list(x_shape) if x_shape is not None else 'of unknown shape'}")
+        raise request.error("the portable lowering needs X's spatial dims static (its windows are static "
+                            f"slices); X {list(x_shape) if x_shape is not None else 'of unknown shape'}")
     sizes = tuple(x_shape[2:])
     kernel = tuple(w_shape[2:])
     outputs = tuple(params.output_size(a, sizes[a], kernel[a]) for a in range(spatial))
     if min(outputs) < 1:
-        raise _fail(request, f"the kernel {list(kernel)} does not fit X's padded spatial dims {list(sizes)}")
+        raise request.error(f"the kernel {list(kernel)} does not fit X's padded spatial dims {list(sizes)}")
     windows = Windows(sizes, kernel, tuple(params.strides), tuple(params.dilations), tuple(params.pads), outputs)
     group, per_group, m = params.group, w_shape[1], w_shape[0]
     channels, k, p = group * per_group, math.prod(kernel), math.prod(outputs)

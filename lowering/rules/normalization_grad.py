@@ -25,18 +25,12 @@ from lowering.builder import NodeBuilder
 from lowering.emit_common import Emitter, compute_type
 from lowering.rules import TARGETS, LoweringRequest, register_rule
 from lowering.rules.elementwise_grad import input_elem
-from opdef.errors import LoweringError
-
-
-def _fail(request: LoweringRequest, message: str) -> LoweringError:
-    inference = request.inference
-    return LoweringError(f"{inference.domain} {inference.op_type} '{inference.node_name}': {message}")
 
 
 def _rank_and_axis(request: LoweringRequest) -> tuple[int, int]:
     rank = request.inference.rank
     if rank is None:
-        raise _fail(request, "the rank of X must be known to lower it (the reduced axes depend on it)")
+        raise request.error("the rank of X must be known to lower it (the reduced axes depend on it)")
     return rank, int(request.inference.attributes.get("axis", -1)) % rank
 
 

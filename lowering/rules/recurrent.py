@@ -41,7 +41,9 @@ _BACKWARDS = {"forward": [False], "reverse": [True], "bidirectional": [False, Tr
 
 
 class _Emit(Emitter):
-    """The helpers both rules use; ``b`` may be the main graph's builder or a Scan body's."""
+    """The helpers the recurrent rules use; ``b`` may be the main graph's builder or a Scan body's."""
+
+    state_zeros: str | None = None  # zeros [N, H] for a missing initial state or final-state gradient, made once
 
     def unsqueeze(self, x: str, axes: list[int], output: str | None = None) -> str:
         if self.b.opset < AXES_INPUT_SINCE:
@@ -127,6 +129,18 @@ def _direction_input(e: _Emit, request: LoweringRequest, role: str, d: int, io: 
     return None if name is None else e.pick(e.up(name, io), d, 0)
 
 
+def _states(e: _Emit, request: LoweringRequest, roles: tuple[str, ...], d: int, io: int, x: str, r: str) -> list[str]:
+    """Direction d of each optional [D, N, H] input in ``roles``; a missing one is the rule's one zeros [N, H]."""
+    values = []
+    for role in roles:
+        value = _direction_input(e, request, role, d, io)
+        if value is None:
+            e.state_zeros = e.state_zeros or _state_zeros(e, x, r)
+            value = e.state_zeros
+        values.append(value)
+    return values
+
+
 def _reversed(e: _Emit, x: str) -> str:
     """``x`` with axis 0 reversed (a Slice of step -1)."""
     big = np.iinfo(np.int64)
@@ -184,7 +198,6 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
     e = _Emit(b, compute_type(io))
     x, r = e.up(request.input("X"), io), e.up(request.input("R"), io)
     w = e.up(request.input("W"), io)
-    zeros = None
     lengths = request.input("sequence_lengths")
     mask = _step_mask(e, _steps(e, x), lengths) if lengths else None
     scan_outputs = [r for r in ("HAll", "CAll", "iofc") if outputs[r]]
@@ -197,13 +210,7 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
             pair = b.op1("Reshape", [bias, e.ints([2, -1], "bias_pair")])
             projected = b.op1("Add", [projected, e.reduce("ReduceSum", pair, (0,), keepdims=0)])
         r_t = b.op1("Transpose", [r_d], perm=[1, 0], hint="r_t")
-        start = []
-        for role in ("initial_h", "initial_c"):
-            value = _direction_input(e, request, role, d, io)
-            if value is None:
-                zeros = zeros or _state_zeros(e, x, r)
-                value = zeros
-            start.append(value)
+        start = _states(e, request, ("initial_h", "initial_c"), d, io, x, r)
         peep = _direction_input(e, request, "P", d, io)
         peepholes = None
         if peep is not None:
@@ -275,21 +282,14 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     h_all, c_all, gates = (e.up(request.input(n), io) for n in ("HAll", "CAll", "iofc"))
     d_h_all = request.input("dHAll")
     d_h_all = None if d_h_all is None else e.up(d_h_all, io)
-    zeros = None
     lengths = request.input("sequence_lengths")
     steps = _steps(e, x) if lengths else None
     mask = _step_mask(e, steps, lengths) if lengths else None
     results: dict[str, list[str]] = {r: [] for r in roles}
     for d, backwards in enumerate(_BACKWARDS[request.inference.attributes.get("direction", "forward")]):
         w_d, r_d = e.pick(w, d, 0), e.pick(r, d, 0)
-        start, initial = [], []
-        for grad_role, state_role in (("dHFinal", "initial_h"), ("dCFinal", "initial_c")):
-            for role, into in ((grad_role, start), (state_role, initial)):
-                value = _direction_input(e, request, role, d, io)
-                if value is None:
-                    zeros = zeros or _state_zeros(e, x, r)
-                    value = zeros
-                into.append(value)
+        dh_final, h0, dc_final, c0 = _states(e, request, ("dHFinal", "initial_h", "dCFinal", "initial_c"), d, io, x, r)
+        start, initial = [dh_final, dc_final], [h0, c0]
         h_d, c_d, gates_d = (e.pick(v, d, 1) for v in (h_all, c_all, gates))
         keep_prev = _step_mask(e, steps, lengths, 1) if lengths and backwards else None
         c_prev = _previous(e, c_d, initial[1], backwards, keep_prev)
@@ -457,17 +457,9 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     steps = _steps(e, x) if lengths else None
     mask = _step_mask(e, steps, lengths) if lengths else None
     results: dict[str, list[str]] = {role: [] for role in roles}
-    zeros = None
     for d, backwards in enumerate(_BACKWARDS[attributes.get("direction", "forward")]):
         w_d, r_d = e.pick(w, d, 0), e.pick(r, d, 0)
-        starts = []
-        for role in ("dHFinal", "initial_h"):
-            value = _direction_input(e, request, role, d, io)
-            if value is None:
-                zeros = zeros or _state_zeros(e, x, r)
-                value = zeros
-            starts.append(value)
-        start, initial = starts
+        start, initial = _states(e, request, ("dHFinal", "initial_h"), d, io, x, r)
         h_d, gates_d = e.pick(h_all, d, 1), e.pick(gates, d, 1)
         keep_prev = _step_mask(e, steps, lengths, 1) if lengths and backwards else None
         h_prev = _previous(e, h_d, initial, backwards, keep_prev)

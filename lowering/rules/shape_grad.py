@@ -31,7 +31,6 @@ from lowering.builder import NodeBuilder
 from lowering.emit_common import Emitter, compute_type, index_in_range
 from lowering.rules import TARGETS, LoweringRequest, register_rule
 from lowering.rules.elementwise_grad import input_elem
-from opdef.errors import LoweringError
 
 INT64_MAX = np.iinfo(np.int64).max
 SCATTER_ADD_SINCE = 16  # ScatterND's reduction attribute
@@ -43,11 +42,6 @@ def _reshape(b: NodeBuilder, data: str, shape: str, output: str | None = None) -
     """Reshape to a computed shape whose entries may be 0 (an empty slice): ``allowzero`` from opset 14 keeps
     a 0 a 0 instead of copying the input's dim (before 14 an empty piece is not lowered correctly)."""
     return b.op1("Reshape", [data, shape], output, allowzero=1 if b.opset >= ALLOWZERO_SINCE else None)
-
-
-def _fail(request: LoweringRequest, message: str) -> LoweringError:
-    node = request.inference
-    return LoweringError(f"{node.domain} {node.op_type} '{node.node_name}': {message}")
 
 
 def _rank(request: LoweringRequest, name: str) -> int | None:
@@ -150,7 +144,7 @@ def lower_fused_matmul(b: NodeBuilder, request: LoweringRequest) -> None:
         if trans_batch or trans:
             rank = _rank(request, name)
             if rank is None:
-                raise _fail(request, f"{flag}/{batch_flag} need the rank of {name} known to lower it")
+                raise request.error(f"{flag}/{batch_flag} need the rank of {name} known to lower it")
             perm = _arrangement(rank, trans_batch, trans)
             if perm is not None:
                 value = b.op1("Transpose", [value], perm=perm)
@@ -176,7 +170,7 @@ def lower_gather_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     if axis < 0:
         rank = _static_length(request, "shape")
         if rank is None:
-            raise _fail(request, f"axis {axis} is negative and the length of shape is unknown")
+            raise request.error(f"axis {axis} is negative and the length of shape is unknown")
         axis += rank
     outer, size, inner = _view_sizes(b, e, shape, axis)
     positions = request.input("indices")
@@ -209,7 +203,7 @@ def lower_slice_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     shape = request.input("shape")
     count = _static_length(request, "starts")
     if count is None:
-        raise _fail(request, "the number of entries of starts must be known to lower it")
+        raise request.error("the number of entries of starts must be known to lower it")
     index_type = input_elem(request, "starts")
 
     def entries(name: str) -> str | None:

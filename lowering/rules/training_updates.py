@@ -2,7 +2,7 @@
 SGDOptimizerV2 (the math of their documents in ``specs/com.microsoft/``).
 
 Each computes the updated values as new tensors; which of them the pass also returns as
-``<input>.updated`` graph outputs is binding data (:mod:`lowering.in_place`). The optimizers take tensor
+``<input>.updated`` graph outputs is binding data (:mod:`opdef.in_place`). The optimizers take tensor
 sequences: a Loop over ``SequenceLength(weights)`` reads the i-th tensors with SequenceAt, updates them and
 appends the results with SequenceInsert to loop-carried sequences that start empty. Per-step scalars (the
 learning rate, the bias corrections) are scalars computed in the loop body. The arithmetic is f32, as

@@ -195,6 +195,7 @@ class Trainer:
         self.learning_rate = np.array([learning_rate], np.float32)
         self.step_count = start.step  # optimizer steps taken: the next one passes step_count + 1
         options = ort.SessionOptions()
+        options.log_severity_level = 3  # onnxruntime's warnings (unused initializers ...) are not the user's
         if threads:
             options.intra_op_num_threads = threads
         if not spinning:  # idle workers that spin take the cores from other work between steps

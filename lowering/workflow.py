@@ -145,6 +145,7 @@ def evaluate(directory: Path | str, data: Mapping[str, np.ndarray], values: Mapp
     arrays = _batched(ev, declared, data, source)
     count = next(iter(arrays.values())).shape[0] if arrays else 1
     options = ort.SessionOptions()
+    options.log_severity_level = 3  # onnxruntime's warnings (unused initializers ...) are not the user's
     if threads:
         options.intra_op_num_threads = threads
     try:

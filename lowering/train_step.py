@@ -4,8 +4,9 @@ onnxruntime-training's artifacts split a step into two models, and the optimizer
 sequences, which onnxruntime's JavaScript, mobile and C APIs (and OpenVINO, tract) cannot feed. The
 train-step model joins them: the training model's forward and backward pass, its gradients taken straight
 from what each ``InPlaceAccumulatorV2`` would have added (one optimizer step per train step, so the
-accumulation buffers and ``lazy_reset_grad`` drop out), and the optimizer's update unrolled per parameter
-with the same arithmetic as the lowered optimizer model (:mod:`lowering.rules.training_updates`).
+accumulation buffers and ``lazy_reset_grad`` drop out), and the optimizer's update with the same arithmetic
+as the lowered optimizer model (:mod:`lowering.rules.training_updates`), run over one flat buffer per element
+type (the same bits as one update per parameter, with fewer kernels).
 
 Interface (fixed; ``TrainStepInterface`` lists it for a given artifact):
 - inputs: the training model's data inputs by name; ``learning_rate`` [1] f32; ``step`` [1] int64 (the

@@ -29,7 +29,7 @@ from lowering.compat import runtime_ir_version
 from lowering.modelio import check_structure
 from lowering.rules import LoweringOptions, LoweringRequest, check_portable, check_target, rule_for
 from opdef import in_place
-from opdef.errors import LoweringError
+from opdef.errors import LoweringError, OplowerError
 from opdef.graphs import all_nodes, first_output, located_nodes, model_nodes, subgraphs
 from opdef.node import NodeInference, TensorType
 from opdef.registry import Registry, load_schemas
@@ -155,6 +155,22 @@ def lower_model_with_report(model: ModelT, *, registry: Registry | None = None, 
     if strict and report.left:
         raise LeftOpsError(report.left)
     return lowered, report
+
+
+def lower_runnable(model: onnx.ModelProto, source: str, *, target: str = "onnxruntime") -> onnx.ModelProto:
+    """Lower ``model`` for ``target`` and refuse what would not run there: any op left without a rule, but for
+    onnxruntime's own contrib ops (FusedMatMul ...) on the onnxruntime target. Errors start with ``source``
+    (the model's file)."""
+    try:
+        lowered, report = lower_model_with_report(model, target=target)
+    except OplowerError as exc:
+        raise LoweringError(f"{source}: {exc}") from None
+    refused = [op for op in report.left if target == "portable" or not op.onnxruntime_runs]
+    if refused:
+        where = "plain onnxruntime" if target != "portable" else "the portable target"
+        raise LoweringError(f"{source}: {where} cannot run {', '.join(sorted(op.op for op in refused))} (no "
+                            f"lowering rule yet); first: node {refused[0].first} ({refused[0].op})")
+    return lowered
 
 
 class LeftOpsError(LoweringError):

@@ -30,12 +30,11 @@ from onnx import TensorProto, helper
 
 from lowering.builder import NodeBuilder
 from lowering.modelio import load_model
-from lowering.passes import lower_model
+from lowering.passes import lower_runnable
 from lowering.portable_std import spell_out_for_portable
 from lowering.rules.training_updates import AdamW, sgd_update
 from opdef.errors import LoweringError, ModelError, OplowerError
 from opdef.verify import infer_node, value_types_of_graph
-from runtime.session import find_custom_nodes
 
 TRAINING_MODEL, OPTIMIZER_MODEL = "training_model.onnx", "optimizer_model.onnx"
 BUFFER_SUFFIX = "_grad.accumulation.buffer"
@@ -78,15 +77,7 @@ def train_step(directory: Path | str, *, target: str = "onnxruntime") -> TrainSt
     training_path, optimizer_path = directory / TRAINING_MODEL, directory / OPTIMIZER_MODEL
     training, optimizer = load_model(training_path), load_model(optimizer_path)
     cut, gradients = _without_accumulators(training, training_path)
-    try:
-        lowered = lower_model(cut, target=target)
-    except OplowerError as exc:
-        raise LoweringError(f"{training_path}: {exc}") from None
-    left = find_custom_nodes(lowered)
-    if left:
-        ops = sorted({f"{c.domain}::{c.op_type}" for c in left})
-        raise LoweringError(f"{training_path}: plain onnxruntime cannot run {', '.join(ops)} (no lowering rule "
-                            f"yet); first: node {left[0].describe()}")
+    lowered = lower_runnable(cut, str(training_path), target=target)
     if target == "portable":
         lowered = spell_out_for_portable(lowered)
     node = _optimizer_node(optimizer, optimizer_path)

@@ -34,9 +34,9 @@ from onnx import numpy_helper
 from lowering.checkpoint import Checkpoint, CheckpointError, read_checkpoint, write_checkpoint
 from lowering.labels import LabelInput, check_labels, label_inputs
 from lowering.modelio import load_model
-from lowering.passes import lower_model_with_report
+from lowering.passes import lower_runnable
 from lowering.train_step import FIRST_MOMENT, SECOND_MOMENT, BoundStep, TrainStep, train_step
-from opdef.errors import LoweringError, ModelError, OplowerError, RuntimeFailure
+from opdef.errors import ModelError, OplowerError, RuntimeFailure
 from runtime.session import np_dtype, ort_message
 
 TRAINING_MODEL, OPTIMIZER_MODEL = "training_model.onnx", "optimizer_model.onnx"
@@ -87,17 +87,7 @@ def lower_artifacts(directory: Path | str, *, target: str = "onnxruntime") -> Tr
         model = load_model(path)  # its errors name the file already
         if name == TRAINING_MODEL:
             labels = label_inputs(model)
-        try:
-            model, report = lower_model_with_report(model, target=target)
-        except OplowerError as exc:
-            raise LoweringError(f"{path}: {exc}") from None
-        # onnxruntime's own contrib ops (FusedMatMul ...) run there; the portable target takes none of them
-        refused = [op for op in report.left if target == "portable" or not op.onnxruntime_runs]
-        if refused:
-            where = "plain onnxruntime" if target != "portable" else "the portable target"
-            raise LoweringError(f"{path}: {where} cannot run {', '.join(sorted(op.op for op in refused))} (no "
-                                f"lowering rule yet); first: node {refused[0].first} ({refused[0].op})")
-        lowered[name] = model
+        lowered[name] = lower_runnable(model, str(path), target=target)
     training, optimizer = lowered[TRAINING_MODEL], lowered[OPTIMIZER_MODEL]
     inputs = [i.name for i in training.graph.input]
     initialized = {t.name for t in training.graph.initializer}

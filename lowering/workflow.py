@@ -34,7 +34,7 @@ from onnx import helper, numpy_helper
 
 from lowering.checkpoint import CheckpointError, read_checkpoint
 from lowering.modelio import load_model, write_atomic
-from lowering.passes import lower_model
+from lowering.passes import lower_model, lower_runnable
 from lowering.training import CHECKPOINT, TrainingDataError
 from opdef.errors import LoweringError, ModelError, OplowerError, RuntimeFailure
 from runtime.session import find_custom_nodes, np_dtype, ort_message
@@ -80,14 +80,7 @@ def load_eval_model(directory: Path | str, parameter_names: Iterable[str], *,
     parameter values feed (every other input is data)."""
     path = Path(directory) / EVAL_MODEL
     model, _ = repair_eval_model(load_model(path))
-    try:
-        model = lower_model(model, target=target)
-    except OplowerError as exc:
-        raise LoweringError(f"{path}: {exc}") from None
-    left = find_custom_nodes(model)
-    if left:
-        raise LoweringError(f"{path}: plain onnxruntime cannot run {left[0].domain}::{left[0].op_type} (no lowering "
-                            f"rule yet); first: node {left[0].describe()}")
+    model = lower_runnable(model, str(path), target=target)
     if not model.graph.output:
         raise ModelError(f"{path}: no outputs (expected the loss first)")
     initialized = {t.name for t in model.graph.initializer}

@@ -186,18 +186,27 @@ def _scan(e: _Emit, hint: str, states: list[str], scans: list[str], build, n_sca
     return finals, stacked
 
 
+def _start(b: NodeBuilder, request: LoweringRequest, roles: tuple[str, ...]):
+    """What every recurrent rule starts from: its requested outputs by role (None when none is: nothing to emit),
+    the input element type, the emitter, and X, W, R in the computation type."""
+    outputs = {role: request.output(role) for role in roles}
+    if not any(outputs.values()):
+        return None
+    io = input_elem(request, "X")
+    e = _Emit(b, compute_type(io))
+    x, w, r = (e.up(request.input(n), io) for n in ("X", "W", "R"))
+    return outputs, io, e, x, w, r
+
+
 # -- LSTMTraining ---------------------------------------------------------------------------------------------------
 
 @register_rule("lstm_training", targets=TARGETS)
 def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
     roles = ("HAll", "HFinal", "CFinal", "CAll", "iofc")
-    outputs = {r: request.output(r) for r in roles}
-    if not any(outputs.values()):
+    started = _start(b, request, roles)
+    if started is None:
         return
-    io = input_elem(request, "X")
-    e = _Emit(b, compute_type(io))
-    x, r = e.up(request.input("X"), io), e.up(request.input("R"), io)
-    w = e.up(request.input("W"), io)
+    outputs, io, e, x, w, r = started
     lengths = request.input("sequence_lengths")
     mask = _step_mask(e, _steps(e, x), lengths) if lengths else None
     scan_outputs = [r for r in ("HAll", "CAll", "iofc") if outputs[r]]
@@ -273,12 +282,10 @@ def _previous(e: _Emit, values: str, initial: str, backwards: bool, keep: str | 
 @register_rule("lstm_grad", targets=TARGETS)
 def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     roles = ("dX", "dW", "dR", "dB", "dH0", "dC0", "dP")
-    outputs = {r: request.output(r) for r in roles}
-    if not any(outputs.values()):
+    started = _start(b, request, roles)
+    if started is None:
         return
-    io = input_elem(request, "X")
-    e = _Emit(b, compute_type(io))
-    x, w, r = (e.up(request.input(n), io) for n in ("X", "W", "R"))
+    outputs, io, e, x, w, r = started
     h_all, c_all, gates = (e.up(request.input(n), io) for n in ("HAll", "CAll", "iofc"))
     d_h_all = request.input("dHAll")
     d_h_all = None if d_h_all is None else e.up(d_h_all, io)
@@ -375,14 +382,12 @@ def _gru_biases(e: _Emit, b_d: str, linear_before_reset: int) -> tuple[str, str 
 @register_rule("gru_training", targets=TARGETS)
 def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
     roles = ("HAll", "HFinal", "ZRH")
-    outputs = {r: request.output(r) for r in roles}
-    if not any(outputs.values()):
+    started = _start(b, request, roles)
+    if started is None:
         return
-    io = input_elem(request, "X")
-    e = _Emit(b, compute_type(io))
+    outputs, io, e, x, w, r = started
     attributes = request.inference.attributes
     linear_before_reset = int(attributes.get("linear_before_reset", 0))
-    x, w, r = (e.up(request.input(n), io) for n in ("X", "W", "R"))
     lengths = request.input("sequence_lengths")
     mask = _step_mask(e, _steps(e, x), lengths) if lengths else None
     scan_outputs = [role for role in ("HAll", "ZRH") if outputs[role]]
@@ -442,14 +447,12 @@ def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
 @register_rule("gru_grad", targets=TARGETS)
 def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     roles = ("dX", "dW", "dR", "dB", "dH0")
-    outputs = {r: request.output(r) for r in roles}
-    if not any(outputs.values()):
+    started = _start(b, request, roles)
+    if started is None:
         return
-    io = input_elem(request, "X")
-    e = _Emit(b, compute_type(io))
+    outputs, io, e, x, w, r = started
     attributes = request.inference.attributes
     linear_before_reset = int(attributes.get("linear_before_reset", 0))
-    x, w, r = (e.up(request.input(n), io) for n in ("X", "W", "R"))
     h_all, gates = (e.up(request.input(n), io) for n in ("HAll", "ZRH"))
     d_h_all = request.input("dHAll")
     d_h_all = None if d_h_all is None else e.up(d_h_all, io)

@@ -4,7 +4,8 @@
   ``output_padding`` that the strides' floor division dropped is restored, so dX gets X's spatial shape.
 - ``dW``: the windows of X (a grouped Conv with constant one-hot kernels, one output channel per input
   channel and kernel offset) times dY, a batched MatMul per image and group, summed over the images
-  (depthwise: Mul and ReduceSum); see :func:`_kernel_gradient` for the measurements against the single
+  (depthwise: a batched matrix-vector MatMul per image and channel; a 1x1 kernel at stride 1 without padding
+  reads X itself, no windows); see :func:`_kernel_gradient` for the measurements against the single
   Conv that correlates X with dY, the form before.
 - ``dB``: dY summed over every axis but 1 (static N and M: over the positions per image, then over the
   images by a ones MatMul).
@@ -119,7 +120,8 @@ def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameter
                      out: str, io: int) -> None:
     """dW from the windows: a grouped Conv with constant one-hot kernels writes what each kernel offset reads
     (``cols`` = [N, C*K, P], P the output positions); per group, ``cols @ dY^T`` per image summed over the
-    images is dW^T. Depthwise, the per-group products are 1-wide: Mul and ReduceSum instead.
+    images is dW^T. Depthwise, the per-group products are matrix-vector ones ([K, P] @ [P, 1] per image and
+    channel). A 1x1 kernel at stride 1 without padding reads X itself: no windows.
 
     Measured against the single Conv correlating X with dY (onnxruntime 1.32 CPU, 2 threads, 3x3 pad 1):
     batch 32 at 16x32^2 / 32x16^2 / 3x32^2, 15-31 / 22 / 0.9 ms against 29-74 / 32-35 / 2.0-9.0 ms; batch
@@ -131,32 +133,43 @@ def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameter
     k = math.prod(kernel)
     channels = group * per_group
     x = e.up(request.input("X"), io)
-    onehot = np.zeros((channels * k, 1, *kernel), np.float32)  # channel c, offset i -> output channel c*K + i
-    for c in range(channels):
-        onehot[c * k + np.arange(k), 0, ...] = np.eye(k, dtype=np.float32).reshape(k, *kernel)
-    cols = b.op1("Conv", [x, b.const(onehot, hint="window_offsets")], group=channels, kernel_shape=list(kernel),
-                 strides=list(params.strides), dilations=list(params.dilations), pads=list(params.pads),
-                 hint="windows")  # [N, C*K, O...]
-    if per_group == 1 and m == group:  # depthwise
+    if k == 1 and all(s == 1 for s in params.strides) and not any(params.pads):
+        cols = x  # a 1x1 kernel at stride 1 without padding reads X itself: no windows to write
+    else:
+        onehot = np.zeros((channels * k, 1, *kernel), np.float32)  # channel c, offset i -> output channel c*K + i
+        for c in range(channels):
+            onehot[c * k + np.arange(k), 0, ...] = np.eye(k, dtype=np.float32).reshape(k, *kernel)
+        cols = b.op1("Conv", [x, b.const(onehot, hint="window_offsets")], group=channels, kernel_shape=list(kernel),
+                     strides=list(params.strides), dilations=list(params.dilations), pads=list(params.pads),
+                     hint="windows")  # [N, C*K, O...]
+    images = x_shape[0] if x_shape is not None else None
+    if per_group == 1 and m == group:  # depthwise: per image and channel, the K windows times dY's plane
         cols = b.op1("Reshape", [cols, e.ints([0, channels, k, -1], "cols")])  # [N, C, K, P]
-        dy_planes = b.op1("Reshape", [dy, e.ints([0, channels, 1, -1], "dy_planes")])  # [N, C, 1, P]
-        product = e.reduce("ReduceSum", b.op1("Mul", [cols, dy_planes]), (0, 3), keepdims=0)  # [C, K]
+        dy_planes = b.op1("Reshape", [dy, e.ints([0, channels, -1, 1], "dy_planes")])  # [N, C, P, 1]
+        # a batched matrix-vector MatMul reads the windows once (Mul + ReduceSum wrote them again and read them
+        # twice: 13.2 against 7.9 ms at 32x48x32^2, 3.4 against 2.7 at 32x192x8^2)
+        per_image = b.op1("MatMul", [cols, dy_planes])  # [N, C, K, 1]
+        product = _image_sum(e, per_image, images, [channels * k])
         _final(e, out, io, lambda target: b.op1("Reshape", [product, e.ints(list(w_shape), "w_shape")], target))
         return
     cols = b.op1("Reshape", [cols, e.ints([0, group, per_group * k, -1], "col_groups")])  # [N, g, C/g*K, P]
     dy_t = b.op1("Transpose", [b.op1("Reshape", [dy, e.ints([0, group, m // group, -1], "dy_groups")])],
                  perm=[0, 1, 3, 2])  # [N, g, P, M/g]
     per_image = b.op1("MatMul", [cols, dy_t])  # [N, g, C/g*K, M/g]
-    images = x_shape[0] if x_shape is not None else None
-    if isinstance(images, int):  # a MatMul with a ones row sums the images: onnxruntime's ReduceSum over axis 0
-        # took 6.2 ms on [32, 576, 64] in the ResNet step, the MatMul 1.7 (the whole dW 8.8 against 3.7 ms)
-        flat = b.op1("Reshape", [per_image, e.ints([images, -1], "per_image_rows")])
-        summed = b.op1("Reshape", [b.op1("MatMul", [b.const(np.ones((1, images), np.float32), hint="ones"), flat]),
-                                   e.ints([group, per_group * k, m // group], "summed")])  # [g, C/g*K, M/g]
-    else:
-        summed = e.reduce("ReduceSum", per_image, (0,), keepdims=0)  # [g, C/g*K, M/g]
+    summed = _image_sum(e, per_image, images, [group, per_group * k, m // group])  # [g, C/g*K, M/g]
     w_t = b.op1("Transpose", [summed], perm=[0, 2, 1])  # [g, M/g, C/g*K]
     _final(e, out, io, lambda target: b.op1("Reshape", [w_t, e.ints(list(w_shape), "w_shape")], target))
+
+
+def _image_sum(e: Emitter, per_image: str, images, shape: list[int]) -> str:
+    """``per_image`` ([N, ...]) summed over the images, as ``shape``. With N static a MatMul with a ones row
+    (onnxruntime's ReduceSum over axis 0 took 6.2 ms on [32, 576, 64] in the ResNet step, the MatMul 1.7)."""
+    b = e.b
+    if isinstance(images, int):
+        flat = b.op1("Reshape", [per_image, e.ints([images, -1], "per_image_rows")])
+        return b.op1("Reshape", [b.op1("MatMul", [b.const(np.ones((1, images), np.float32), hint="ones"), flat]),
+                                 e.ints(shape, "summed")])
+    return b.op1("Reshape", [e.reduce("ReduceSum", per_image, (0,), keepdims=0), e.ints(shape, "summed")])
 
 
 def _portable_gradients(e: Emitter, request: LoweringRequest, params: ConvParameters, dy: str, x_shape, w_shape,

@@ -4,6 +4,7 @@
     /work/ortt-venv/bin/python tools/ort_training/native_step.py time DIR --steps 30 [--threads 2] [--spin]
 
     /work/ortt-venv/bin/python tools/ort_training/native_step.py memory DIR [--steps 5]
+    /work/ortt-venv/bin/python tools/ort_training/native_step.py profile DIR [--steps 20]
     /work/ortt-venv/bin/python tools/ort_training/native_step.py bench --out native.json [--artifact DIR]
         [--batches 4 64 256] [--threads 1 2] [--steps 20]
 
@@ -19,7 +20,10 @@ that ``oplower bench --training`` runs, and writes the JSON that the bench's ``-
 (its onnxruntime-training column). A batch other than the artifact's own runs on a copy whose data inputs and
 activations are re-declared, as the bench's ``with_batch`` does, with seeded random data.
 ``memory`` prints the resident memory before the first step and the peak during the steps (for
-``tools/step_memory.py``).
+``tools/step_memory.py``); ``profile`` the kernel time per step by op type, from onnxruntime's profiler (for
+``tools/step_profile.py``). ``make`` knows ``resnet_cifar``, ``mobilenet_v2_cifar`` (width 0.5, 32x32) and
+``bert_mini`` (2 blocks, hidden 128, sequence 64): networks of the sizes people train, where the kernels do the
+work, unlike the tiny committed fixtures where per-kernel overhead decides.
 """
 
 from __future__ import annotations
@@ -64,7 +68,87 @@ def resnet_cifar():
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
 
 
-NETWORKS = {"resnet_cifar": (resnet_cifar, (3, 32, 32), 10)}
+def mobilenet_v2_cifar():
+    """MobileNetV2 at width 0.5 for 32x32 inputs (torchvision's block table, first conv at stride 1, the
+    stride-2 stages from 24 channels on): 17 inverted residuals, 52 Conv + BatchNorm pairs, ReLU6, Dropout."""
+    from torch import nn
+
+    def conv_bn(cin: int, cout: int, kernel: int, stride: int, groups: int = 1, act: bool = True):
+        layers = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+        return layers + [nn.ReLU6()] if act else layers
+
+    class Inverted(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int, expand: int):
+            super().__init__()
+            mid = cin * expand
+            layers = (conv_bn(cin, mid, 1, 1) if expand != 1 else []) + conv_bn(mid, mid, 3, stride, mid)
+            self.layers = nn.Sequential(*layers, *conv_bn(mid, cout, 1, 1, act=False))
+            self.residual = stride == 1 and cin == cout
+
+        def forward(self, x):
+            return x + self.layers(x) if self.residual else self.layers(x)
+
+    table = [(1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
+    layers, cin = conv_bn(3, 16, 3, 1), 16
+    for expand, channels, repeats, stride in table:
+        cout = max(8, channels // 2)
+        for i in range(repeats):
+            layers.append(Inverted(cin, cout, stride if i == 0 else 1, expand))
+            cin = cout
+    layers += [*conv_bn(cin, 640, 1, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(640, 10)]
+    return nn.Sequential(*layers)
+
+
+BERT_MINI = {"vocab": 2048, "seq": 64, "hidden": 128, "heads": 2, "ffn": 512, "layers": 2}
+
+
+def bert_mini():
+    """A BERT-mini-sized encoder (2 post-norm blocks, hidden 128, 2 heads, FFN 512, erf GELU, sequence 64):
+    token + position embeddings, hand-written attention as HF BERT exports it, a classifier on the first token."""
+    import torch
+    from torch import nn
+
+    v, t, h, heads, ffn, depth = (BERT_MINI[k] for k in ("vocab", "seq", "hidden", "heads", "ffn", "layers"))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v, self.out = (nn.Linear(h, h) for _ in range(4))
+            self.norm1, self.norm2 = nn.LayerNorm(h), nn.LayerNorm(h)
+            self.mlp = nn.Sequential(nn.Linear(h, ffn), nn.GELU(), nn.Linear(ffn, h))
+            self.drop = nn.Dropout(0.1)
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            d = h // heads
+
+            def split(y):
+                return y.reshape(b, n, heads, d).transpose(1, 2)
+
+            q, k, val = split(self.q(x)), split(self.k(x)), split(self.v(x))
+            attn = self.drop(torch.softmax(torch.matmul(q, k.transpose(-2, -1)) / d ** 0.5, dim=-1))
+            x = self.norm1(x + self.drop(self.out(torch.matmul(attn, val).transpose(1, 2).reshape(b, n, h))))
+            return self.norm2(x + self.drop(self.mlp(x)))
+
+    class Bert(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(v, h), nn.Embedding(t, h)
+            self.norm = nn.LayerNorm(h)
+            self.blocks = nn.Sequential(*(Block() for _ in range(depth)))
+            self.head = nn.Linear(h, 10)
+
+        def forward(self, tokens):
+            x = self.norm(self.tok(tokens) + self.pos(torch.arange(tokens.shape[1]).unsqueeze(0)))
+            return self.head(self.blocks(x)[:, 0])
+
+    return Bert()
+
+
+# name: (factory, per-sample input shape, classes, vocabulary for token inputs or None)
+NETWORKS = {"resnet_cifar": (resnet_cifar, (3, 32, 32), 10, None),
+            "mobilenet_v2_cifar": (mobilenet_v2_cifar, (3, 32, 32), 10, None),
+            "bert_mini": (bert_mini, (BERT_MINI["seq"],), 10, BERT_MINI["vocab"])}
 
 
 def make(name: str, batch: int, out: Path) -> None:
@@ -74,27 +158,31 @@ def make(name: str, batch: int, out: Path) -> None:
     from onnxruntime.training.api import CheckpointState
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from make_artifacts import randomize_batch_norm
+    from make_artifacts import patch_forward, perturb_constant_parameters, randomize_batch_norm, zero_dropout_ratios
 
-    factory, shape, classes = NETWORKS[name]
+    factory, shape, classes, vocab = NETWORKS[name]
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     model = factory()
     randomize_batch_norm(model, gen)
+    perturb_constant_parameters(model, gen)  # no two equal initializers (onnxruntime would merge them)
     model.train()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    x = torch.randn(batch, *shape, generator=gen)
+    x = torch.randint(0, vocab, (batch, *shape), generator=gen) if vocab else torch.randn(batch, *shape, generator=gen)
     forward = out / "forward.onnx"
     torch.onnx.export(model, (x,), str(forward), input_names=["input"], output_names=["output"], opset_version=17,
                       do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING, dynamo=False)
-    fwd = onnx.load(forward)
-    trainable = [i.name for i in fwd.graph.initializer if i.name.endswith(("weight", "bias"))]
+    fwd = patch_forward(onnx.load(forward))  # LayerNormalization's Mean/InvStdDev, Dropout masks
+    named = {n for n, _ in model.named_parameters()}
+    trainable = [i.name for i in fwd.graph.initializer if i.name in named]
     frozen = [i.name for i in fwd.graph.initializer if i.name not in trainable]
     artifacts.generate_artifacts(fwd, requires_grad=trainable, frozen_params=frozen,
                                  loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW,
                                  artifact_directory=str(out))
     forward.unlink()
+    for f in ("training_model.onnx", "eval_model.onnx"):  # comparable runs: no random masks on either side
+        zero_dropout_ratios(out / f)
     labels = np.random.default_rng(0).integers(0, classes, size=batch).astype(np.int64)
     np.savez(out / "data.npz", input=x.numpy(), labels=labels)
     state = CheckpointState.load_checkpoint(str(out / "checkpoint"))
@@ -180,6 +268,59 @@ def time_native(directory: Path, steps: int, threads: int, spin: bool, data: dic
     return {"median_ms": float(np.median(times) * 1e3), "steps": steps, "threads": threads, "spin": spin}
 
 
+def profile_native(directory: Path, steps: int, threads: int) -> dict:
+    """Kernel milliseconds and kernels per step by op type of the training session (onnxruntime's profiler),
+    {op: [ms, count]}, and the optimizer step's wall-clock median, for ``tools/step_profile.py``."""
+    import tempfile
+
+    import onnxruntime as ort
+    from onnxruntime.training.api import CheckpointState, Module, Optimizer
+
+    with tempfile.TemporaryDirectory() as work:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(work) / "native")
+        state = CheckpointState.load_checkpoint(str(directory / "checkpoint"))
+        module = Module(str(directory / "training_model.onnx"), state, device="cpu", session_options=options)
+        optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
+        data = np.load(directory / "data.npz")
+        x, y = data["input"], data["labels"]
+        module.train()
+        optimizer_ms = []
+        for k in range(WARMUP + steps):
+            module(x, y)
+            start = time.perf_counter()
+            optimizer.step()  # its session is not profiled (Optimizer takes no options): timed by the clock
+            if k >= WARMUP:
+                optimizer_ms.append((time.perf_counter() - start) * 1e3)
+            module.lazy_reset_grad()
+        del optimizer, module  # each session writes its profile when it is destroyed
+        import gc
+
+        gc.collect()
+        files = sorted(Path(work).glob("native*.json"))
+        sessions: list[dict] = []
+        for path in files:
+            events = json.loads(path.read_text())
+            runs = [e for e in events if e.get("name") == "model_run"]
+            if not runs:
+                continue
+            first = runs[WARMUP]["ts"] if len(runs) > WARMUP else runs[0]["ts"]
+            counted = len([r for r in runs if r["ts"] >= first])
+            ops: dict[str, list[float]] = {}
+            for e in events:
+                if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= first:
+                    entry = ops.setdefault(e["args"]["op_name"], [0.0, 0])
+                    entry[0] += e["dur"] / 1e3 / counted
+                    entry[1] += 1 / counted
+            sessions.append(ops)
+    training = max(sessions, key=lambda ops: sum(v[1] for v in ops.values()), default={})
+    return {"training": training, "optimizer_wall_ms": float(np.median(optimizer_ms)), "steps": steps,
+            "threads": threads}
+
+
 def memory_now() -> dict:
     """VmRSS and VmHWM (the peak since the last reset) of this process, MB."""
     fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
@@ -237,12 +378,18 @@ def main() -> int:
     c.add_argument("--batches", type=int, nargs="+", default=[4, 64, 256])
     c.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     c.add_argument("--steps", type=int, default=20)
+    pr = sub.add_parser("profile")
+    pr.add_argument("directory", type=Path)
+    pr.add_argument("--steps", type=int, default=20)
+    pr.add_argument("--threads", type=int, default=2)
     mem = sub.add_parser("memory")
     mem.add_argument("directory", type=Path)
     mem.add_argument("--steps", type=int, default=5)
     mem.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    if args.command == "memory":
+    if args.command == "profile":
+        print(json.dumps(profile_native(args.directory, args.steps, args.threads)))
+    elif args.command == "memory":
         print(json.dumps(memory_native(args.directory, args.steps, args.threads)))
     elif args.command == "make":
         make(args.network, args.batch, args.out)

@@ -1,0 +1,87 @@
+"""B/A of the lowered train step between two versions of oplower: this checkout (B) against a git revision (A).
+
+    PYTHONPATH=. python tools/ab_lowered.py DIR --base REV [--rounds 15] [--steps 10]
+
+DIR as for ``tools/ab_train_step.py``. The base revision's tree is exported (``git archive``) to a temporary
+directory, where its own ``python -m lowering train-step DIR`` writes its train-step model; both train-step
+models then run in this process with this checkout's ``lowering.training.Trainer`` (bound, 2 intra-op threads,
+spinning off), in rounds of ``--steps`` steps that alternate which side goes first, after warm-up. Prints each
+round's B/A (median step time of B over A) and their median: below 1, this checkout is faster. Both models start
+from the same parameters and train the same batch, so their losses are printed for a sanity check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from lowering.training import Trainer, initial_parameters, lower_artifacts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def base_step_model(revision: str, directory: Path, work: Path) -> onnx.ModelProto:
+    tree = work / "base"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    out = work / "base_step.onnx"
+    subprocess.run([sys.executable, "-m", "lowering", "train-step", str(directory.resolve()), "-o", str(out)],
+                   cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True, capture_output=True)
+    return onnx.load(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--base", required=True, help="git revision of side A (e.g. main, HEAD~1)")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per side and round")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    meta = json.loads((args.directory / "meta.json").read_text())
+    models = lower_artifacts(args.directory)
+    with tempfile.TemporaryDirectory() as work:
+        base = base_step_model(args.base, args.directory, Path(work))
+    base_models = dataclasses.replace(models, step=dataclasses.replace(models.step, model=base))
+    start = initial_parameters(args.directory, models, dict(np.load(args.directory / "initial_params.npz")))
+    data = dict(np.load(args.directory / "data.npz"))
+    batch = {models.step.interface.data[0]: data["input"], meta["labels_input"]: data["labels"]}
+    sides = {name: Trainer(m, start, learning_rate=meta["learning_rate"], threads=args.threads, spinning=False)
+             for name, m in (("A", base_models), ("B", models))}
+    losses = {name: [trainer.step(batch) for _ in range(10)] for name, trainer in sides.items()}
+    print(f"first losses: A {losses['A'][0]:.7f}, B {losses['B'][0]:.7f}; "
+          f"after 10 steps A {losses['A'][-1]:.7f}, B {losses['B'][-1]:.7f}")
+
+    def timed(trainer: Trainer) -> float:
+        times = []
+        for _ in range(args.steps):
+            begin = time.perf_counter()
+            trainer.step(batch)
+            times.append(time.perf_counter() - begin)
+        return float(np.median(times) * 1e3)
+
+    ratios = []
+    for r in range(args.rounds):
+        order = ("A", "B") if r % 2 == 0 else ("B", "A")
+        ms = {name: timed(sides[name]) for name in order}
+        ratios.append(ms["B"] / ms["A"])
+        print(f"round {r + 1}: A {ms['A']:.3f} ms, B {ms['B']:.3f} ms, B/A {ratios[-1]:.3f}", flush=True)
+    print(f"{args.directory.name}: median B/A {statistics.median(ratios):.3f} over {len(ratios)} rounds "
+          f"(B this checkout, A {args.base})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -81,3 +81,54 @@ def test_artifact_agreement_prints_one_row_per_artifact():
     for row in rows:
         loss, gradient, parameter, curve = (float(v) for v in row[2:])
         assert loss <= 1e-5 and gradient <= 1e-4 and parameter <= 1e-5 and curve <= 1e-4, row
+
+
+def test_step_profile_charges_every_lowered_kernel_to_a_training_graph_op():
+    """tools/step_profile.py's lowered side (the native side needs onnxruntime-training's venv): every kernel of
+    the bound train step is charged to an op of the artifact's training graph or to the optimizer update, and
+    the gradient ops of the cnn artifact are there with their kernels."""
+    import importlib.util
+
+    import onnx
+
+    sys.path.insert(0, str(TOOLS))
+    try:
+        spec = importlib.util.spec_from_file_location("step_profile", TOOLS / "step_profile.py")
+        step_profile = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(step_profile)
+    finally:
+        sys.path.remove(str(TOOLS))
+    cnn = TOOLS.parent / "tests" / "fixtures" / "ort_training" / "artifacts" / "cnn"
+    detail: dict = {}
+    groups = step_profile.lowered_profile(cnn, 2, 1, detail)
+    raw_ops = {n.op_type for n in onnx.load(cnn / "training_model.onnx").graph.node}
+    for key, (ms, kernels) in groups.items():
+        op = key.removesuffix(" (forward, standard)")
+        assert key == step_profile.UPDATE or op in raw_ops or key.endswith("(forward, standard)"), key
+        assert ms > 0 and kernels >= 1
+        assert abs(sum(v[1] for v in detail[key].values()) - kernels) < 1e-9
+    for op in ("ConvGrad", "BatchNormalizationGrad", "MaxPoolGrad", step_profile.UPDATE):
+        assert groups[op][1] >= 1, op
+    native = {"training": {"ConvGrad": [0.1, 5.0], "Conv": [0.05, 3.0]}, "optimizer_wall_ms": 0.03}
+    rendered = step_profile.table(groups, native)
+    assert "| ConvGrad |" in rendered and "| **all** |" in rendered
+
+
+def test_ab_lowered_compares_a_revision_with_the_checkout():
+    """tools/ab_lowered.py: the base revision's own `train-step` writes side A's model (git archive of HEAD
+    here, so both sides lower alike), both train from the same start: equal first losses, one B/A per round."""
+    root = TOOLS.parent
+    if subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    mlp = root / "tests" / "fixtures" / "ort_training" / "artifacts" / "mlp_bce"
+    done = subprocess.run([sys.executable, str(TOOLS / "ab_lowered.py"), str(mlp), "--base", "HEAD", "--rounds", "2",
+                           "--steps", "2"], capture_output=True, text=True, timeout=300, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr
+    import re
+
+    first = done.stdout.splitlines()[0]
+    a, b = re.match(r"first losses: A (\S+), B (\S+);", first).groups()
+    assert a == b, first
+    assert sum(line.startswith("round ") for line in done.stdout.splitlines()) == 2
+    assert "median B/A" in done.stdout.splitlines()[-1]

@@ -7,7 +7,9 @@ under tests/fixtures/ort_training/artifacts/, or one ``tools/ort_training/native
 two sides cannot share a process (both provide the ``onnxruntime`` module): each pair runs the native side in
 a subprocess (``native_step.py time``) and the lowered side here (``lowering.training.Trainer``, the bound
 train-step model), in alternating order, both with 2 intra-op threads and spinning off; each side reports the
-median of its steps after warm-up. Prints each pair's ratio (lowered / native) and their median.
+median of its steps after warm-up. Prints each pair's ratio (lowered / native) and their median. ``--torch`` adds
+torch's eager step of the same network, weights and batch as a third side (``native_step.py torch``, in the
+same venv, which has torch; only for the networks ``native_step.py make`` writes).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def lowered_side(directory: Path, threads: int):
     trainer = Trainer(models, start, learning_rate=meta["learning_rate"], threads=threads, spinning=False)
     data = dict(np.load(directory / "data.npz"))
     batch = {models.step.interface.data[0]: data["input"], meta["labels_input"]: data["labels"]}
-    for _ in range(10):
+    first_loss = trainer.step(batch)
+    for _ in range(9):
         trainer.step(batch)
 
     def timed(steps: int) -> float:
@@ -45,7 +48,7 @@ def lowered_side(directory: Path, threads: int):
             times.append(time.perf_counter() - begin)
         return float(np.median(times) * 1e3)
 
-    return timed
+    return timed, first_loss
 
 
 def native_side(python: str, directory: Path, steps: int, threads: int) -> float:
@@ -55,6 +58,13 @@ def native_side(python: str, directory: Path, steps: int, threads: int) -> float
     return float(json.loads(out.stdout.strip().splitlines()[-1])["median_ms"])
 
 
+def torch_side(python: str, directory: Path, steps: int, threads: int) -> dict:
+    out = subprocess.run([python, str(HERE / "ort_training" / "native_step.py"), "torch", str(directory),
+                          "--steps", str(steps), "--threads", str(threads)], capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", type=Path)
@@ -62,9 +72,11 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=9)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per side and pair")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--torch", action="store_true",
+                        help="also time torch's eager step in the same venv (networks of native_step.py make only)")
     args = parser.parse_args()
-    timed = lowered_side(args.directory, args.threads)
-    ratios = []
+    timed, first_loss = lowered_side(args.directory, args.threads)
+    ratios, torch_ratios = [], []
     for pair in range(args.pairs):
         if pair % 2:
             lowered = timed(args.steps)
@@ -73,9 +85,17 @@ def main() -> int:
             native = native_side(args.ort_training_python, args.directory, args.steps, args.threads)
             lowered = timed(args.steps)
         ratios.append(lowered / native)
-        print(f"pair {pair + 1}: lowered {lowered:.3f} ms, native {native:.3f} ms, ratio {ratios[-1]:.3f}", flush=True)
+        line = f"pair {pair + 1}: lowered {lowered:.3f} ms, native {native:.3f} ms, ratio {ratios[-1]:.3f}"
+        if args.torch:
+            eager = torch_side(args.ort_training_python, args.directory, args.steps, args.threads)
+            if pair == 0:
+                print(f"first loss: lowered {first_loss:.7f}, torch {eager['first_loss']:.7f}")
+            torch_ratios.append(lowered / eager["median_ms"])
+            line += f"; torch {eager['median_ms']:.3f} ms, lowered / torch {torch_ratios[-1]:.3f}"
+        print(line, flush=True)
     print(f"{args.directory.name}: median ratio {statistics.median(ratios):.3f} over {len(ratios)} pairs "
-          f"(lowered / onnxruntime-training, {args.threads} threads, no spinning)")
+          f"(lowered / onnxruntime-training, {args.threads} threads, no spinning)"
+          + (f"; lowered / torch eager {statistics.median(torch_ratios):.3f}" if torch_ratios else ""))
     return 0
 
 

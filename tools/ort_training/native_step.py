@@ -5,6 +5,7 @@
 
     /work/ortt-venv/bin/python tools/ort_training/native_step.py memory DIR [--steps 5]
     /work/ortt-venv/bin/python tools/ort_training/native_step.py profile DIR [--steps 20]
+    /work/ortt-venv/bin/python tools/ort_training/native_step.py torch DIR [--steps 30]
     /work/ortt-venv/bin/python tools/ort_training/native_step.py bench --out native.json [--artifact DIR]
         [--batches 4 64 256] [--threads 1 2] [--steps 20]
 
@@ -21,9 +22,10 @@ that ``oplower bench --training`` runs, and writes the JSON that the bench's ``-
 activations are re-declared, as the bench's ``with_batch`` does, with seeded random data.
 ``memory`` prints the resident memory before the first step and the peak during the steps (for
 ``tools/step_memory.py``); ``profile`` the kernel time per step by op type, from onnxruntime's profiler (for
-``tools/step_profile.py``). ``make`` knows ``resnet_cifar``, ``mobilenet_v2_cifar`` (width 0.5, 32x32) and
-``bert_mini`` (2 blocks, hidden 128, sequence 64): networks of the sizes people train, where the kernels do the
-work, unlike the tiny committed fixtures where per-kernel overhead decides.
+``tools/step_profile.py``); ``torch`` times torch's eager step of the same network, weights and batch (the
+venv has torch; ``tools/ab_train_step.py --torch``). ``make`` knows ``resnet_cifar``, ``mobilenet_v2_cifar``
+(width 0.5, 32x32) and ``bert_mini`` (2 blocks, hidden 128, sequence 64): networks of the sizes people train,
+where the kernels do the work, unlike the tiny committed fixtures where per-kernel overhead decides.
 """
 
 from __future__ import annotations
@@ -321,6 +323,63 @@ def profile_native(directory: Path, steps: int, threads: int) -> dict:
             "threads": threads}
 
 
+def time_torch(directory: Path, steps: int, threads: int) -> dict:
+    """torch's eager train step of a ``make`` network (meta.json's name) from DIR's initial parameters: the
+    same weights and batch, CrossEntropyLoss, torch.optim.AdamW with the optimizer model's hyperparameters
+    (adam_mode aside, which moves epsilon only); forward, backward, ``step()``, ``zero_grad()``. The median
+    milliseconds after warm-up, and the first loss (which must equal the other sides')."""
+    import os
+
+    # OpenMP's workers spin after each op by default: on a shared 2-core VM that took the cores from other
+    # processes and made the step up to 15x slower (1,478 against 88 ms on bert_mini); passive, as onnxruntime's
+    # spinning is off on the other sides (read when torch loads OpenMP, so before the import)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import onnx
+    import torch
+
+    meta = json.loads((directory / "meta.json").read_text())
+    if meta.get("name") not in NETWORKS:
+        raise SystemExit(f"{directory}: torch's step needs a network of `make` ({', '.join(NETWORKS)})")
+    torch.set_num_threads(threads)
+    factory, _, _, vocab = NETWORKS[meta["name"]]
+    model = factory()
+    initial = dict(np.load(directory / "initial_params.npz"))
+    state = {k for k in model.state_dict() if not k.endswith("num_batches_tracked")}
+    if state != set(initial):
+        raise SystemExit(f"{directory}: the network's state does not match initial_params.npz: "
+                         f"{sorted(state ^ set(initial))[:3]}")
+    model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in initial.items()}, strict=False)
+    model.train()
+    for module in model.modules():  # the artifacts' Dropout ratios are zeroed after generation (make)
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    node = next(n for n in onnx.load(directory / "optimizer_model.onnx").graph.node if n.op_type == "AdamWOptimizer")
+    a = {"alpha": 0.9, "beta": 0.999, "epsilon": 1e-8, "weight_decay": 0.0}  # the op's defaults
+    a.update({attr.name: onnx.helper.get_attribute_value(attr) for attr in node.attribute})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=meta["learning_rate"], betas=(a["alpha"], a["beta"]),
+                                  eps=a["epsilon"], weight_decay=a["weight_decay"])
+    data = np.load(directory / "data.npz")
+    x, labels = torch.from_numpy(data["input"]), torch.from_numpy(data["labels"].astype(np.int64))
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step() -> float:
+        loss = loss_fn(model(x), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return float(loss.detach())
+
+    first = step()
+    for _ in range(WARMUP - 1):
+        step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return {"median_ms": float(np.median(times) * 1e3), "first_loss": first, "steps": steps, "threads": threads}
+
+
 def memory_now() -> dict:
     """VmRSS and VmHWM (the peak since the last reset) of this process, MB."""
     fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
@@ -378,6 +437,10 @@ def main() -> int:
     c.add_argument("--batches", type=int, nargs="+", default=[4, 64, 256])
     c.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     c.add_argument("--steps", type=int, default=20)
+    tt = sub.add_parser("torch")
+    tt.add_argument("directory", type=Path)
+    tt.add_argument("--steps", type=int, default=30)
+    tt.add_argument("--threads", type=int, default=2)
     pr = sub.add_parser("profile")
     pr.add_argument("directory", type=Path)
     pr.add_argument("--steps", type=int, default=20)
@@ -387,7 +450,9 @@ def main() -> int:
     mem.add_argument("--steps", type=int, default=5)
     mem.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    if args.command == "profile":
+    if args.command == "torch":
+        print(json.dumps(time_torch(args.directory, args.steps, args.threads)))
+    elif args.command == "profile":
         print(json.dumps(profile_native(args.directory, args.steps, args.threads)))
     elif args.command == "memory":
         print(json.dumps(memory_native(args.directory, args.steps, args.threads)))

@@ -145,7 +145,9 @@ EXCEPTIONS = {
              "largest entry, under one ulp") for t in TARGETS},
     **{("SimplifiedLayerNormalization", "3d_axis1", "Y", t): (
         2.5, "the 24-term mean square: ReduceMean sums in another order than the kernel's loop (inv_std_var is "
-             "1.7x, within the slack), and Y carries it; 1.4e-7 of the largest entry") for t in TARGETS},
+             "1.7x, within the slack), and Y carries it; 1.4e-7 of the largest entry. ReduceSumSquare / n and "
+             "X / rms tie the kernel on every recorded case, but onnxruntime's ReduceSumSquare is slow: 8.0 ms against "
+             "6.2 for [4096, 768]") for t in TARGETS},
     **{("LSTMGrad", "full", o, t): (bound, _RNN) for o, bound in (("dX", 1.6), ("dP", 1.5)) for t in TARGETS},
     **{("LSTMTraining", "final_state_grads_only", "HFinal", t): (1.6, _RNN) for t in TARGETS},
     **{("GRUGrad", v, o, t): (bound, _RNN) for v, o, bound in (("full", "dR", 1.6), ("linear_before_reset", "dX", 1.8),

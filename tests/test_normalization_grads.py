@@ -330,6 +330,19 @@ def test_layer_norm_grad_symbolic_batch(flat_stats):
         close(got[name], want[name], F32, name)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_simplified_layer_norm_symbolic_row_length(target):
+    """Symbolic normalized dims: the mean square's row length is a run-time value."""
+    model = one_node_model(_rms(axis=1, epsilon=1e-6), [("x", F32, ("N", "S", "H")), ("w", F32, ("S", "H"))],
+                           [("y", F32, ("N", "S", "H")), ("r", F32, ("N", 1, 1))])
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((2, 3, 8)).astype(np.float32), rng.standard_normal((3, 8)).astype(np.float32)
+    got = run_model(lowered(model, target), {"x": x, "w": w})
+    y, r = ref.simplified_layer_norm(x, w, 1, float(np.float32(1e-6)))
+    close(got["y"], y, F32, "y")
+    close(got["r"], r, F32, "r")
+
+
 def test_unknown_rank_is_a_lowering_error_naming_the_node():
     for op in ("SoftmaxGrad", "LayerNormalizationGrad"):
         names = ["dy", "y"] if op == "SoftmaxGrad" else ["dy", "x", "w", "m", "r"]

@@ -127,8 +127,8 @@ class AdamW:
         c1, c2, lr_decay = scalars
         alpha, beta, eps = self.alpha, self.beta, self.epsilon
         m1 = b.op1("Add", [b.op1("Mul", [c(alpha, "alpha"), m1]), b.op1("Mul", [c(1 - alpha), g])], hint="m1")
-        g2 = b.op1("Mul", [g, g])
-        m2 = b.op1("Add", [b.op1("Mul", [c(beta, "beta"), m2]), b.op1("Mul", [c(1 - beta), g2])], hint="m2")
+        g2 = b.op1("Mul", [b.op1("Mul", [c(1 - beta), g]), g])
+        m2 = b.op1("Add", [b.op1("Mul", [c(beta, "beta"), m2]), g2], hint="m2")
         if self.adam_mode == 0:  # PyTorch: decay first, then the bias-corrected step
             w = b.op1("Sub", [w, b.op1("Mul", [w, lr_decay])], hint="decayed")
             denom = b.op1("Add", [b.op1("Sqrt", [b.op1("Div", [m2, c2])]), c(eps, "epsilon")])

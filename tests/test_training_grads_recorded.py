@@ -70,9 +70,9 @@ def _f32_conv_grad_cases() -> list[dict]:
 @pytest.mark.parametrize("case", _f32_conv_grad_cases(), ids=lambda c: c["variant"])
 def test_conv_grad_is_as_accurate_as_the_native_kernel(case):
     """Against the float64 adjoint (runtime.reference_training.conv_grad): dX and dW at most onnxruntime-training's
-    error on every recorded f32 case (dW sums per image, as the kernel does); dB within 2x of it (1-2 ulp: the
-    kernel's per-image Eigen dot products sum in an order no standard op reproduces; ours is the smaller error
-    in 7 of the 10 cases with dB)."""
+    error (plus half an ulp of the scale) on every recorded f32 case (dW sums per image, as the kernel does); dB
+    within 2x of it (1-2 ulp: the kernel's per-image Eigen dot products sum in an order no standard op
+    reproduces; ours is the smaller error in 7 of the 10 cases with dB)."""
     from runtime import reference_training
 
     model, feeds, recorded = load_case(case)
@@ -89,5 +89,6 @@ def test_conv_grad_is_as_accurate_as_the_native_kernel(case):
         scale = float(np.max(np.abs(want)))
         ours = float(np.max(np.abs(got[name] - want))) / scale
         native = float(np.max(np.abs(recorded[name] - want))) / scale
-        bound = native * (2.0 if i == 2 else 1 + 1e-9)
+        # plus half an f32 ulp of the scale: a tie in rounding order (as tests/test_accuracy_vs_native.py)
+        bound = native * (2.0 if i == 2 else 1 + 1e-9) + 2.0 ** -25
         assert ours <= bound, f"{name}: error {ours:.3g}, onnxruntime-training's {native:.3g}"

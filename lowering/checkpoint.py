@@ -16,29 +16,43 @@ Errors are one line naming the file and the first mismatch (:class:`CheckpointEr
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import flatbuffers
 import numpy as np
 from onnx import TensorProto, helper
-from onnxruntime.tools.ort_format_model.ort_flatbuffers_py.fbs import (
-    Checkpoint as FbCheckpoint,
-)
-from onnxruntime.tools.ort_format_model.ort_flatbuffers_py.fbs import (
-    FloatProperty,
-    IntProperty,
-    ModuleState,
-    OptimizerGroup,
-    ParameterOptimizerState,
-    PropertyBag,
-    StringProperty,
-    Tensor,
-)
 
 from lowering.modelio import write_atomic
 from opdef.errors import OplowerError
+
+
+def _schema_classes() -> ModuleType:
+    """onnxruntime's generated classes of the schema (``ort_flatbuffers_py.fbs``, which import only
+    ``flatbuffers`` and, inside some accessors, ``ort_flatbuffers_py.fbs.*`` by that top-level name), loaded
+    from its package directory under that name: imported as ``onnxruntime.tools.ort_format_model...`` they run
+    ``onnxruntime.tools``' ``__init__``, which imports torch whenever torch is installed (1 s and ~170 MB of
+    resident memory for every ``oplower train`` on such a machine)."""
+    if "ort_flatbuffers_py" not in sys.modules:
+        root = Path(importlib.util.find_spec("onnxruntime").origin).parent / "tools" / "ort_format_model" \
+            / "ort_flatbuffers_py"
+        spec = importlib.util.spec_from_file_location("ort_flatbuffers_py", root / "__init__.py",
+                                                      submodule_search_locations=[str(root)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["ort_flatbuffers_py"] = module
+        spec.loader.exec_module(module)
+    return importlib.import_module("ort_flatbuffers_py.fbs")
+
+
+_FBS = _schema_classes()
+FbCheckpoint, FloatProperty, IntProperty, ModuleState, OptimizerGroup, ParameterOptimizerState, PropertyBag, \
+    StringProperty, Tensor = (getattr(_FBS, n) for n in ("Checkpoint", "FloatProperty", "IntProperty", "ModuleState",
+                                                          "OptimizerGroup", "ParameterOptimizerState", "PropertyBag",
+                                                          "StringProperty", "Tensor"))
 
 VERSION = 2  # onnxruntime-training 1.19's kCheckpointVersion
 IDENTIFIER = b"ODTC"

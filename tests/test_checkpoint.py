@@ -375,3 +375,25 @@ def test_progress_bar_in_a_terminal_and_clean_stdout_out_of_one(command, tmp_pat
     assert "[##########" in raw  # the bar was drawn
     shown = [line for line in _screen(raw) if line.strip()]
     assert shown == [line for line in out.splitlines() if line.strip()]  # and erased: the same lines as a pipe gets
+
+
+def test_reading_a_checkpoint_does_not_import_torch(tmp_path):
+    """onnxruntime.tools' __init__ imports torch whenever torch is installed (1 s, ~170 MB); the checkpoint
+    classes are loaded around it. A `torch` on the path that refuses to be imported proves it: the training
+    module imports and a recorded checkpoint reads in a fresh process."""
+    import os
+    import subprocess
+    import sys
+
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('torch was imported')\n")
+    root = Path(__file__).resolve().parent.parent
+    ckpt = root / "tests" / "fixtures" / "ort_training" / "artifacts" / "cnn" / "checkpoint"
+    code = ("import sys, lowering.training, lowering.checkpoint as c; "
+            f"s = c.read_checkpoint({str(ckpt)!r}); print(len(s.params), 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])})
+    assert done.returncode == 0, done.stderr
+    count, imported = done.stdout.split()
+    assert int(count) > 0 and imported == "False"

@@ -92,3 +92,34 @@ def test_conv_grad_is_as_accurate_as_the_native_kernel(case):
         # plus half an f32 ulp of the scale: a tie in rounding order (as tests/test_accuracy_vs_native.py)
         bound = native * (2.0 if i == 2 else 1 + 1e-9) + 2.0 ** -25
         assert ours <= bound, f"{name}: error {ours:.3g}, onnxruntime-training's {native:.3g}"
+
+
+def _conv_grad_cases_with_dw() -> list[dict]:
+    def wants_dw(case: dict) -> bool:
+        (node,) = load_case(case)[0].graph.node
+        return len(node.output) > 1 and bool(node.output[1])
+
+    return [c for c in CASES if c["op_type"] == "ConvGrad" and wants_dw(c)]
+
+
+@pytest.mark.parametrize("case", _conv_grad_cases_with_dw(), ids=lambda c: c["variant"])
+def test_conv_grad_windows_written_a_few_images_at_a_time(case, monkeypatch):
+    """Past WINDOWS_LIMIT bytes dW's windows are written for a few images at a time (Split over the images,
+    one windows Conv and MatMul per part, the parts' sums added): with the limit at half the windows' bytes
+    every recorded case (static batch 2 or 3) splits in two parts, of unequal size where the batch is 3, and
+    still matches onnxruntime-training's outputs."""
+    import math
+
+    from lowering.rules import conv_grad
+
+    model, feeds, recorded = load_case(case)
+    (node,) = model.graph.node
+    x, w = feeds[node.input[1]], feeds[node.input[2]]
+    dy = feeds[node.input[0]]
+    windows = x.shape[0] * x.shape[1] * math.prod(w.shape[2:]) * math.prod(dy.shape[2:]) * 4
+    monkeypatch.setattr(conv_grad, "WINDOWS_LIMIT", -(-windows // 2))
+    lowered = lower_model(model)
+    onnx.checker.check_model(lowered, full_check=True)
+    splits = [n for n in lowered.graph.node if n.op_type == "Split"]
+    assert len(splits) == 2 and all(len(n.output) == 2 for n in splits), [n.op_type for n in lowered.graph.node]
+    assert_matches_recorded(run_model(lowered, feeds), recorded)

@@ -48,17 +48,14 @@ def lowered_profile(directory: Path, steps: int, threads: int,
     data = dict(np.load(directory / "data.npz"))
     batch = {models.step.interface.data[0]: data["input"], meta["labels_input"]: data["labels"]}
     with tempfile.TemporaryDirectory() as work:
-        def profiled(model, options, what):
-            options.enable_profiling = True
-            options.profile_file_prefix = str(Path(work) / "lowered")
-            return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        class Profiled(Trainer):  # the Trainer's own session settings, with onnxruntime's profiler on
+            @staticmethod
+            def _session(model, options, what):
+                options.enable_profiling = True
+                options.profile_file_prefix = str(Path(work) / "lowered")
+                return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
-        original = Trainer._session
-        Trainer._session = staticmethod(profiled)
-        try:
-            trainer = Trainer(models, start, learning_rate=meta["learning_rate"], threads=threads, spinning=False)
-        finally:
-            Trainer._session = original
+        trainer = Profiled(models, start, learning_rate=meta["learning_rate"], threads=threads, spinning=False)
         for _ in range(10 + steps):
             trainer.step(batch)
         events = json.loads(Path(trainer._bound.session.end_profiling()).read_text())

@@ -176,11 +176,13 @@ def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameter
     positions = math.prod(dy_shape[2:]) if dy_shape is not None and all(isinstance(d, int) for d in dy_shape) else None
     chunks = 1
     if isinstance(images, int) and positions is not None:
-        # the windows are K times X's size; past WINDOWS_LIMIT bytes they are written for a few images at a time
-        # (onnxruntime frees each part after its MatMul): MobileNetV2 (CIFAR, batch 32) step memory growth 445 MB
-        # without, 391 with 32 MiB parts, 376 with 8 MiB (the native step's: 329 MB); step time unchanged (B/A
-        # 0.99, 8 rounds)
-        chunks = min(images, -(-images * channels * k * positions * 4 // WINDOWS_LIMIT))
+        # the windows ([n, C*K, P]: K times X's size) and the per-image products ([n, C*K, M/g]: larger than the
+        # windows where M/g > P, as in a 1x1 conv to many channels at 4x4) are made for a few images at a time
+        # past WINDOWS_LIMIT bytes (onnxruntime frees each part after its sum): MobileNetV2 (CIFAR, batch 32) step
+        # memory growth 445 MB without, 391 with 32 MiB parts, 376 with 8 MiB (the native step's: 329 MB); step
+        # time unchanged (B/A 0.99, 8 rounds)
+        per_image = channels * k * max(positions, m // group) * 4
+        chunks = min(images, -(-images * per_image // WINDOWS_LIMIT))
     sizes = [images // chunks + (i < images % chunks) for i in range(chunks)] if chunks > 1 else None
     xs = b.op("Split", [x, e.ints(sizes, "image_parts")], [b.fresh("x_part") for _ in sizes], axis=0) \
         if sizes and b.opset >= 13 else [x]

@@ -9,7 +9,8 @@ a subprocess (``native_step.py time``) and the lowered side here (``lowering.tra
 train-step model), in alternating order, both with 2 intra-op threads and spinning off; each side reports the
 median of its steps after warm-up. Prints each pair's ratio (lowered / native) and their median. ``--torch`` adds
 torch's eager step of the same network, weights and batch as a third side (``native_step.py torch``, in the
-same venv, which has torch; only for the networks ``native_step.py make`` writes).
+same venv, which has torch; only for the networks ``native_step.py make`` writes; OpenMP's default spinning
+workers, so run it on a quiet machine).
 """
 
 from __future__ import annotations

@@ -328,12 +328,9 @@ def time_torch(directory: Path, steps: int, threads: int) -> dict:
     same weights and batch, CrossEntropyLoss, torch.optim.AdamW with the optimizer model's hyperparameters
     (adam_mode aside, which moves epsilon only); forward, backward, ``step()``, ``zero_grad()``. The median
     milliseconds after warm-up, and the first loss (which must equal the other sides')."""
-    import os
-
-    # OpenMP's workers spin after each op by default: on a shared 2-core VM that took the cores from other
-    # processes and made the step up to 15x slower (1,478 against 88 ms on bert_mini); passive, as onnxruntime's
-    # spinning is off on the other sides (read when torch loads OpenMP, so before the import)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # torch as users run it: OpenMP's default (workers spin between ops). Alone on the cores that is its fastest
+    # (resnet_cifar b32: 47 ms against 48-58 passive); next to another busy process spinning made it up to 15x
+    # slower (bert_mini 1,478 against 88 ms passive), so measure on a quiet machine
     import onnx
     import torch
 

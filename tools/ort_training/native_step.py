@@ -262,12 +262,17 @@ def time_native(directory: Path, steps: int, threads: int, spin: bool, data: dic
 
     for _ in range(WARMUP):
         step()
+    return {"median_ms": median_ms(step, steps), "steps": steps, "threads": threads, "spin": spin}
+
+
+def median_ms(step, steps: int) -> float:
+    """The median milliseconds of ``steps`` calls of ``step`` (warmed up by the caller)."""
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return {"median_ms": float(np.median(times) * 1e3), "steps": steps, "threads": threads, "spin": spin}
+    return float(np.median(times) * 1e3)
 
 
 def profile_native(directory: Path, steps: int, threads: int) -> dict:
@@ -369,12 +374,7 @@ def time_torch(directory: Path, steps: int, threads: int) -> dict:
     first = step()
     for _ in range(WARMUP - 1):
         step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return {"median_ms": float(np.median(times) * 1e3), "first_loss": first, "steps": steps, "threads": threads}
+    return {"median_ms": median_ms(step, steps), "first_loss": first, "steps": steps, "threads": threads}
 
 
 def memory_now() -> dict:

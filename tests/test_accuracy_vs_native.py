@@ -128,8 +128,8 @@ _CONV_DB = ("dB: the kernel sums dY per image by Eigen dot products and then ove
 _RNN = ("the Scan body's gate MatMuls and onnxruntime's Sigmoid/Tanh round differently from the kernel's loops, "
         "and the differences carry through the steps; every error within 2.3e-7 of the largest entry")
 # (op, variant, output, target): (bound on ours / native, why). Measured ratios on onnxruntime 1.32's CPU provider:
-# ConvGrad dB 1.91, 1.78; BatchNormInternal portable train Y 1.41 (eval Y runs the kernel itself since); LayerNormalizationGrad scale_grad
-# 4.71; SimplifiedLayerNormalization Y 2.37; LSTM 1.39-1.52; GRU 1.27-2.23.
+# ConvGrad dB 1.91, 1.78; BatchNormInternal portable train Y 1.41 (eval Y runs the kernel itself since);
+# LayerNormalizationGrad scale_grad 4.71; SimplifiedLayerNormalization Y 2.37; LSTM 1.39-1.52; GRU 1.27-2.23.
 EXCEPTIONS = {
     **{("ConvGrad", v, "dB", t): (bound, _CONV_DB) for v, bound in (("2d_basic", 2.0), ("2d_only_dW_dB", 1.9))
        for t in TARGETS},

@@ -2,7 +2,9 @@
 
 ``emit_batch_norm_internal(b, plan)`` emits the math of ``specs/com.microsoft/BatchNormInternal.rst``:
 batch mean, biased batch variance by two passes (centre first, then sum the squares: no
-``E[x^2] - E[x]^2`` cancellation), ``Y``, the running-statistics update and the saved statistics.
+``E[x^2] - E[x]^2`` cancellation), ``Y``, the running-statistics update and the saved statistics. In inference
+mode (``training_mode`` 0) ``Y`` is onnxruntime's BatchNormalization (the native kernel itself), or on the
+portable target ``X * a + (B - mean * a)`` with ``a = scale / sqrt(var + epsilon)``, as that kernel computes it.
 Only the outputs the plan names are computed. f16/bf16 are cast up to f32 once at the top and rounded
 once at the end. The channel axis is axis 1.
 

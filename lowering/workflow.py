@@ -33,6 +33,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from lowering.checkpoint import CheckpointError, read_checkpoint
+from lowering.labels import check_labels, label_inputs
 from lowering.modelio import load_model, write_atomic
 from lowering.passes import lower_model, lower_runnable
 from lowering.training import CHECKPOINT, TrainingDataError
@@ -136,6 +137,9 @@ def evaluate(directory: Path | str, data: Mapping[str, np.ndarray], values: Mapp
     declared = {i.name: i.type.tensor_type for i in ev.model.graph.input}
     feeds = _checked_values(ev, declared, values, values_source or str(directory))
     arrays = _batched(ev, declared, data, source)
+    # a class id outside the scores' classes: one line naming input, value and position, before onnxruntime
+    # fails inside a Gather (or, where the loss skips it, reports a wrong loss and accuracy)
+    check_labels(arrays, label_inputs(ev.model), source or str(directory), batch_axis=True)
     count = next(iter(arrays.values())).shape[0] if arrays else 1
     options = ort.SessionOptions()
     options.log_severity_level = 3  # onnxruntime's warnings (unused initializers ...) are not the user's

@@ -172,6 +172,13 @@ def test_cli_bad_export_and_eval_arguments(tmp_path, capsys):
     code = main(["eval", str(ARTIFACTS / "cnn1d"), "--data", str(data)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "no array for the data input 'labels'" in err[0]
+    labels = art["labels"].copy()
+    labels[1] = 3  # cnn1d has 3 classes
+    np.savez(data, input=art["input"], labels=labels)
+    code = main(["eval", str(ARTIFACTS / "cnn1d"), "--data", str(data)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert "label input 'labels' holds 3 at [0, 1] (batch 0)" in err[0] and "class id in [0, 3)" in err[0]
 
 
 def test_the_workflow_block_in_docs_training_runs_as_written(tmp_path):

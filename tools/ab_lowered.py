@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import subprocess
@@ -23,10 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import _artifact
 import numpy as np
 import onnx
 
-from lowering.training import Trainer, initial_parameters, lower_artifacts
+from lowering.training import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,16 +50,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per side and round")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    meta = json.loads((args.directory / "meta.json").read_text())
-    models = lower_artifacts(args.directory)
+    artifact = _artifact.load(args.directory)
+    models, batch = artifact.models, artifact.batch
     with tempfile.TemporaryDirectory() as work:
         base = base_step_model(args.base, args.directory, Path(work))
     base_models = dataclasses.replace(models, step=dataclasses.replace(models.step, model=base))
-    start = initial_parameters(args.directory, models, dict(np.load(args.directory / "initial_params.npz")))
-    data = dict(np.load(args.directory / "data.npz"))
-    batch = {models.step.interface.data[0]: data["input"], meta["labels_input"]: data["labels"]}
-    sides = {name: Trainer(m, start, learning_rate=meta["learning_rate"], threads=args.threads, spinning=False)
-             for name, m in (("A", base_models), ("B", models))}
+    sides = {name: artifact.trainer(args.threads, m) for name, m in (("A", base_models), ("B", models))}
     losses = {name: [trainer.step(batch) for _ in range(10)] for name, trainer in sides.items()}
     print(f"first losses: A {losses['A'][0]:.7f}, B {losses['B'][0]:.7f}; "
           f"after 10 steps A {losses['A'][-1]:.7f}, B {losses['B'][-1]:.7f}")

@@ -23,20 +23,15 @@ import sys
 import time
 from pathlib import Path
 
+import _artifact
 import numpy as np
-
-from lowering.training import Trainer, initial_parameters, lower_artifacts
 
 HERE = Path(__file__).resolve().parent
 
 
 def lowered_side(directory: Path, threads: int):
-    meta = json.loads((directory / "meta.json").read_text())
-    models = lower_artifacts(directory)
-    start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")))
-    trainer = Trainer(models, start, learning_rate=meta["learning_rate"], threads=threads, spinning=False)
-    data = dict(np.load(directory / "data.npz"))
-    batch = {models.step.interface.data[0]: data["input"], meta["labels_input"]: data["labels"]}
+    artifact = _artifact.load(directory)
+    trainer, batch = artifact.trainer(threads), artifact.batch
     first_loss = trainer.step(batch)
     for _ in range(9):
         trainer.step(batch)

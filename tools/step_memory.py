@@ -21,8 +21,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parent
 
 
@@ -32,15 +30,11 @@ def memory_now() -> dict:
 
 
 def lowered(directory: Path, steps: int, threads: int) -> dict:
-    from lowering.training import Trainer, initial_parameters, lower_artifacts
+    import _artifact
 
-    meta = json.loads((directory / "meta.json").read_text())
-    models = lower_artifacts(directory)
-    start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")))
-    trainer = Trainer(models, start, learning_rate=meta["learning_rate"], threads=threads, spinning=False)
-    data = dict(np.load(directory / "data.npz"))
-    batch = {models.step.interface.data[0]: data["input"], meta["labels_input"]: data["labels"]}
-    del models, start
+    artifact = _artifact.load(directory)
+    trainer, batch = artifact.trainer(threads), artifact.batch
+    del artifact
     gc.collect()
     before = memory_now()["VmRSS"]
     Path("/proc/self/clear_refs").write_text("5")

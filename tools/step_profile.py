@@ -21,11 +21,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
+import _artifact
 import onnx
 
 from lowering.bench.training import origins
-from lowering.training import Trainer, initial_parameters, lower_artifacts
+from lowering.training import Trainer
 
 HERE = Path(__file__).resolve().parent
 UPDATE = "optimizer (update)"
@@ -38,15 +38,11 @@ def lowered_profile(directory: Path, steps: int, threads: int,
     when given, receives the same split by lowered op type under each training-graph op type."""
     import onnxruntime as ort
 
-    meta = json.loads((directory / "meta.json").read_text())
-    models = lower_artifacts(directory)
+    artifact = _artifact.load(directory)
     raw = onnx.load(directory / "training_model.onnx", load_external_data=False)
-    charged = origins(raw, models.step.model)
+    charged = origins(raw, artifact.models.step.model)
     standard = {n.name: n.op_type for n in raw.graph.node if n.name and n.name not in charged}
     names = sorted(charged, key=len, reverse=True)
-    start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")))
-    data = dict(np.load(directory / "data.npz"))
-    batch = {models.step.interface.data[0]: data["input"], meta["labels_input"]: data["labels"]}
     with tempfile.TemporaryDirectory() as work:
         class Profiled(Trainer):  # the Trainer's own session settings, with onnxruntime's profiler on
             @staticmethod
@@ -55,9 +51,9 @@ def lowered_profile(directory: Path, steps: int, threads: int,
                 options.profile_file_prefix = str(Path(work) / "lowered")
                 return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
-        trainer = Profiled(models, start, learning_rate=meta["learning_rate"], threads=threads, spinning=False)
+        trainer = artifact.trainer(threads, cls=Profiled)
         for _ in range(10 + steps):
-            trainer.step(batch)
+            trainer.step(artifact.batch)
         events = json.loads(Path(trainer._bound.session.end_profiling()).read_text())
     runs = [e for e in events if e.get("name") == "model_run"]
     first = runs[10]["ts"]

@@ -1,0 +1,34 @@
+"""What the train-step measurement tools share: a generate_artifacts directory (a committed artifact or one of
+``tools/ort_training/native_step.py make``) lowered, its starting parameters and its batch, and a Trainer on
+them with the settings every comparison uses (spinning off)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lowering.training import StartingPoint, Trainer, TrainingModels, initial_parameters, lower_artifacts
+
+
+@dataclass(frozen=True)
+class Artifact:
+    models: TrainingModels
+    start: StartingPoint  # initial_params.npz
+    batch: dict[str, np.ndarray]  # data.npz's input and labels, by the train-step model's input names
+    learning_rate: float  # meta.json's
+
+    def trainer(self, threads: int, models: TrainingModels | None = None, cls: type[Trainer] = Trainer) -> Trainer:
+        return cls(models or self.models, self.start, learning_rate=self.learning_rate, threads=threads,
+                   spinning=False)
+
+
+def load(directory: Path) -> Artifact:
+    meta = json.loads((directory / "meta.json").read_text())
+    models = lower_artifacts(directory)
+    start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")))
+    data = dict(np.load(directory / "data.npz"))
+    batch = {models.step.interface.data[0]: data["input"], meta["labels_input"]: data["labels"]}
+    return Artifact(models, start, batch, meta["learning_rate"])

@@ -5,6 +5,7 @@ them with the settings every comparison uses (spinning off)."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,15 @@ class Artifact:
     def trainer(self, threads: int, models: TrainingModels | None = None, cls: type[Trainer] = Trainer) -> Trainer:
         return cls(models or self.models, self.start, learning_rate=self.learning_rate, threads=threads,
                    spinning=False)
+
+    def median_step_ms(self, trainer: Trainer, steps: int) -> float:
+        """The median milliseconds of ``steps`` steps of ``trainer`` on the batch."""
+        times = []
+        for _ in range(steps):
+            begin = time.perf_counter()
+            trainer.step(self.batch)
+            times.append(time.perf_counter() - begin)
+        return float(np.median(times) * 1e3)
 
 
 def load(directory: Path) -> Artifact:

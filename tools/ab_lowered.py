@@ -19,14 +19,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import _artifact
-import numpy as np
 import onnx
-
-from lowering.training import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,18 +56,10 @@ def main() -> int:
     print(f"first losses: A {losses['A'][0]:.7f}, B {losses['B'][0]:.7f}; "
           f"after 10 steps A {losses['A'][-1]:.7f}, B {losses['B'][-1]:.7f}")
 
-    def timed(trainer: Trainer) -> float:
-        times = []
-        for _ in range(args.steps):
-            begin = time.perf_counter()
-            trainer.step(batch)
-            times.append(time.perf_counter() - begin)
-        return float(np.median(times) * 1e3)
-
     ratios = []
     for r in range(args.rounds):
         order = ("A", "B") if r % 2 == 0 else ("B", "A")
-        ms = {name: timed(sides[name]) for name in order}
+        ms = {name: artifact.median_step_ms(sides[name], args.steps) for name in order}
         ratios.append(ms["B"] / ms["A"])
         print(f"round {r + 1}: A {ms['A']:.3f} ms, B {ms['B']:.3f} ms, B/A {ratios[-1]:.3f}", flush=True)
     print(f"{args.directory.name}: median B/A {statistics.median(ratios):.3f} over {len(ratios)} rounds "

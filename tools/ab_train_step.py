@@ -20,11 +20,9 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import _artifact
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 
@@ -36,15 +34,7 @@ def lowered_side(directory: Path, threads: int):
     for _ in range(9):
         trainer.step(batch)
 
-    def timed(steps: int) -> float:
-        times = []
-        for _ in range(steps):
-            begin = time.perf_counter()
-            trainer.step(batch)
-            times.append(time.perf_counter() - begin)
-        return float(np.median(times) * 1e3)
-
-    return timed, first_loss
+    return (lambda steps: artifact.median_step_ms(trainer, steps)), first_loss
 
 
 def native_side(python: str, directory: Path, steps: int, threads: int) -> float:

@@ -134,7 +134,7 @@ def test_oplower_eval_gives_the_first_training_loss(name, tmp_path, capsys):
     assert float(line.split()[2]) == pytest.approx(first, rel=1e-5)
 
 
-# -- the portable train-step model: a training-mode Dropout spelled out (lowering/portable_std.py) -------------
+# -- the portable train-step model: a training-mode Dropout spelled out (lowering/training/portable_std.py) -----------
 
 def _dropout_model(ratio: float, training: bool, batch: int | str = 64, opset: int = 17) -> onnx.ModelProto:
     from onnx import TensorProto, helper
@@ -150,7 +150,7 @@ def _dropout_model(ratio: float, training: bool, batch: int | str = 64, opset: i
 
 
 def _spelled_out(model: onnx.ModelProto) -> onnx.ModelProto:
-    from lowering.portable_std import spell_out_for_portable
+    from lowering.training.portable_std import spell_out_for_portable
 
     out = spell_out_for_portable(model)
     onnx.checker.check_model(out, full_check=True)
@@ -167,7 +167,7 @@ def _check_dropout(x, got, ratio):
 @pytest.mark.parametrize("opset", [12, 17])  # Dropout takes training_mode from 12
 @pytest.mark.parametrize("ratio, kept", [(0.0, (1.0, 1.0)), (0.25, (0.7, 0.8)), (1.0, (0.0, 0.0))])
 def test_training_dropout_is_spelled_out_with_a_random_draw(ratio, kept, opset):
-    from lowering.portable_std import RANDOM_OPS
+    from lowering.training.portable_std import RANDOM_OPS
     from runtime.session import run_model
 
     model = _spelled_out(_dropout_model(ratio, training=True, opset=opset))

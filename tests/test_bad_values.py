@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_portable_training import _max_pool
 
 from lowering.passes import lower_model
-from lowering.portable_std import spell_out_for_portable
+from lowering.training.portable_std import spell_out_for_portable
 from runtime import reference_shape
 from runtime import reference_training as ref
 

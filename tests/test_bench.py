@@ -11,7 +11,7 @@ from lowering import bench
 from lowering.bench import runtimes as bench_runtimes
 from lowering.bench import training as bench_training
 from lowering.cli import main
-from lowering.training import initial_parameters, lower_artifacts
+from lowering.training.trainer import initial_parameters, lower_artifacts
 from opdef.errors import ModelError
 
 

@@ -1,4 +1,4 @@
-"""lowering.checkpoint and training from/to checkpoints against onnxruntime-training 1.19.2.
+"""lowering.training.checkpoint and training from/to checkpoints against onnxruntime-training 1.19.2.
 
 Fixtures: tests/fixtures/ort_training/workflow/<name>/ (tools/ort_training/record_workflow.py). Acceptance:
 (1) onnxruntime-training's checkpoint after k=3 steps, read by oplower and trained m=3 more steps, and
@@ -18,10 +18,10 @@ import numpy as np
 import onnx
 import pytest
 
-from lowering import checkpoint as ckmod
-from lowering.checkpoint import CheckpointError, decode_checkpoint, encode_checkpoint, read_checkpoint
 from lowering.cli import main
-from lowering.training import Trainer, batches, checkpoint_start, lower_artifacts, starting_point, train
+from lowering.training import checkpoint as ckmod
+from lowering.training.checkpoint import CheckpointError, decode_checkpoint, encode_checkpoint, read_checkpoint
+from lowering.training.trainer import Trainer, batches, checkpoint_start, lower_artifacts, starting_point, train
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ort_training"
 ARTIFACTS = FIXTURES / "artifacts"
@@ -390,7 +390,7 @@ def test_reading_a_checkpoint_does_not_import_torch(tmp_path):
     (fake / "__init__.py").write_text("raise ImportError('torch was imported')\n")
     root = Path(__file__).resolve().parent.parent
     ckpt = root / "tests" / "fixtures" / "ort_training" / "artifacts" / "cnn" / "checkpoint"
-    code = ("import sys, lowering.training, lowering.checkpoint as c; "
+    code = ("import sys, lowering.training.trainer, lowering.training.checkpoint as c; "
             f"s = c.read_checkpoint({str(ckpt)!r}); print(len(s.params), 'torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])})

@@ -1,4 +1,4 @@
-"""lowering.workflow: evaluation and the inference model against onnxruntime-training 1.19.2.
+"""lowering.training.workflow: evaluation and the inference model against onnxruntime-training 1.19.2.
 
 Fixtures: tests/fixtures/ort_training/workflow/<name>/ (tools/ort_training/record_workflow.py): the training
 API's eval step (eval.npz ``loss``, one per batch of eval_data.npz) and the outputs of the model its
@@ -19,7 +19,7 @@ import pytest
 from test_portable import _run as run_in
 
 from lowering.cli import main
-from lowering.workflow import (
+from lowering.training.workflow import (
     EVAL_MODEL,
     evaluate,
     export_inference,

@@ -1,4 +1,4 @@
-"""Class labels checked against the class count before they are fed (issue 24, lowering/labels.py): the
+"""Class labels checked against the class count before they are fed (issue 24, lowering/training/labels.py): the
 library's Trainer and batches, ``oplower train``, ``oplower train-step --bundle`` and ``oplower run --check``
 refuse a label outside [0, C) that is not ignore_index with one line naming the input, the first bad value and
 its position; ignore_index passes; on the CLI exit 1, no traceback, nothing written."""
@@ -14,8 +14,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from lowering.cli import main
-from lowering.labels import LabelInput, LabelValueError, label_inputs
-from lowering.training import Trainer, batches, lower_artifacts, starting_point
+from lowering.training.labels import LabelInput, LabelValueError, label_inputs
+from lowering.training.trainer import Trainer, batches, lower_artifacts, starting_point
 
 ARTIFACTS = Path(__file__).parent / "fixtures" / "ort_training" / "artifacts"
 CNN = ARTIFACTS / "cnn"  # labels [4] int64, 4 classes (the scores 'output' [4, 4])

@@ -192,7 +192,7 @@ def test_warning_comes_before_a_verify_failure_message(model_path, tmp_path, cap
 def test_training_refuses_kernel_less_ops_and_the_portable_target_every_left_op(tmp_path):
     """onnxruntime's own contrib ops run on plain onnxruntime, so `oplower train` keeps them; the portable
     target promises ops every runtime runs, so it refuses them too. Ops without any kernel are refused by both."""
-    from lowering.training import lower_artifacts
+    from lowering.training.trainer import lower_artifacts
     from opdef.errors import LoweringError
 
     tiny = Path(__file__).resolve().parent / "fixtures" / "tiny_mlp"

@@ -1,4 +1,4 @@
-"""The train-step model (lowering.train_step, ``oplower train-step``): one standard ONNX model per training
+"""The train-step model (lowering.training.train_step, ``oplower train-step``): one standard ONNX model per training
 step with tensor inputs and outputs only, equal to onnxruntime-training's recorded steps on every committed
 artifact, in both targets; the portable one in OpenVINO and tract too."""
 
@@ -14,9 +14,9 @@ import pytest
 from test_portable_training import _run
 
 from lowering.cli import main
-from lowering.portable_std import RANDOM_OPS
 from lowering.rules import PORTABLE_OPS
-from lowering.train_step import train_step, train_step_model
+from lowering.training.portable_std import RANDOM_OPS
+from lowering.training.train_step import train_step, train_step_model
 
 ARTIFACTS = Path(__file__).resolve().parent / "fixtures" / "ort_training" / "artifacts"
 NAMES = sorted(p.name for p in ARTIFACTS.iterdir() if p.is_dir())
@@ -72,7 +72,7 @@ def test_interface_is_tensor_only_and_fixed(name, target):
         nodes = onnx.load(ARTIFACTS / name / "training_model.onnx").graph.node
         original = {n.op_type for n in nodes if n.domain in ("", "ai.onnx")}
         ops = {n.op_type for n in model.graph.node}
-        # spelled out (lowering/portable_std.py): the loss always; a training-mode Dropout with a random draw
+        # spelled out (lowering/training/portable_std.py): the loss always; a training-mode Dropout with a random draw
         # (those of these artifacts have a constant training_mode input; one without it is the identity, kept)
         assert ops - PORTABLE_OPS <= (original | RANDOM_OPS) - {"SoftmaxCrossEntropyLoss"}
         assert not [n for n in model.graph.node if n.op_type == "Dropout" and len(n.input) > 2]
@@ -162,7 +162,7 @@ def test_bound_trainer_state_reads_and_writes_like_the_two_model_trainer():
     two-model Trainer's state after each step, and state assigned to it is what the next step starts from."""
     import dataclasses
 
-    from lowering.training import Trainer, initial_parameters, lower_artifacts
+    from lowering.training.trainer import Trainer, initial_parameters, lower_artifacts
 
     directory = ARTIFACTS / "cnn"
     meta = json.loads((directory / "meta.json").read_text())
@@ -197,7 +197,7 @@ def test_flat_optimizer_update_gives_the_same_bits_as_one_update_per_parameter(t
     """The update runs over one Concat of the flattened parameters (and gradients, moments) and is split
     back: the same arithmetic per element, so the same bits as the per-parameter chains, in far fewer
     kernels."""
-    import lowering.train_step as ts
+    import lowering.training.train_step as ts
 
     flat = train_step(ARTIFACTS / "cnn", target=target)
     monkeypatch.setattr(ts, "_flat_groups", lambda params, inputs: [[p] for p in params])

@@ -1,4 +1,4 @@
-"""lowering.training and ``oplower train``: an artifact directory trained on plain onnxruntime.
+"""lowering.training.trainer and ``oplower train``: an artifact directory trained on plain onnxruntime.
 
 The committed hand-built artifact directory tests/fixtures/tiny_mlp (tests/fixtures/make_tiny_mlp.py: an MLP
 with an MSE loss whose backward is standard ops, InPlaceAccumulatorV2 nodes and an AdamWOptimizer model) is
@@ -19,7 +19,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from lowering.cli import main
-from lowering.training import TrainingDataError, initial_parameters, lower_artifacts, train
+from lowering.training.trainer import TrainingDataError, initial_parameters, lower_artifacts, train
 from opdef.errors import LoweringError
 from runtime import reference_updates as ref
 

@@ -18,7 +18,7 @@ from _recorded import recorded_cases
 from onnx import helper
 
 import lowering
-from lowering.training import Trainer, initial_parameters, lower_artifacts
+from lowering.training.trainer import Trainer, initial_parameters, lower_artifacts
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "ort_training"
 OURS = ("InPlaceAccumulatorV2", "AdamWOptimizer", "SGDOptimizerV2")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from lowering.cli import main
-from lowering.training import train
+from lowering.training.trainer import train
 
 ROOT = Path(__file__).resolve().parent.parent
 WEB = ROOT / "web"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lowering.training import StartingPoint, Trainer, TrainingModels, initial_parameters, lower_artifacts
+from lowering.training.trainer import StartingPoint, Trainer, TrainingModels, initial_parameters, lower_artifacts
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import _artifact
 import onnx
 
 from lowering.bench.training import origins
-from lowering.training import Trainer
+from lowering.training.trainer import Trainer
 
 HERE = Path(__file__).resolve().parent
 UPDATE = "optimizer (update)"

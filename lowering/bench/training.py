@@ -40,7 +40,7 @@ import onnx
 import onnxruntime as ort
 
 from lowering.modelio import load_model
-from lowering.training import (
+from lowering.training.trainer import (
     BUFFER_SUFFIX,
     LAZY_RESET,
     OPTIMIZER_MODEL,

@@ -8,7 +8,7 @@ from pathlib import Path
 from lowering.cli.arguments import positive_int
 from lowering.cli.progress import Progress
 from lowering.cli.run import load_npz
-from lowering.workflow import EVAL_MODEL, evaluate, parameter_values
+from lowering.training.workflow import EVAL_MODEL, evaluate, parameter_values
 
 HELP = ("evaluate trained parameters with an onnxruntime-training artifact directory's eval_model.onnx on plain "
         "onnxruntime: the mean loss over the batches (and the accuracy for a classification loss)")

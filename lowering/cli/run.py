@@ -12,9 +12,9 @@ import numpy as np
 from onnx import TensorProto
 
 from lowering.cli.arguments import positive_int
-from lowering.labels import check_labels, label_inputs
 from lowering.modelio import load_model, write_atomic
 from lowering.rules import TARGETS
+from lowering.training.labels import check_labels, label_inputs
 from opdef.errors import LoweringError, OplowerError, RuntimeFailure
 from runtime.session import ValueSpec, find_custom_nodes, model_inputs, run_model
 
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputDataError(f"{outputs_path}: refusing to overwrite an input file")
     model = load_model(model_path)
     feeds = match_inputs(load_npz(inputs_path), model_inputs(model), inputs_path)
-    if args.check:  # the float64 reference takes class ids only (lowering.labels)
+    if args.check:  # the float64 reference takes class ids only (lowering.training.labels)
         check_labels(feeds, label_inputs(model), str(inputs_path))
 
     custom = find_custom_nodes(model)

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import numpy as np
 
-from lowering.checkpoint import write_checkpoint
 from lowering.cli.arguments import positive_int
 from lowering.cli.progress import Progress
 from lowering.cli.run import load_npz
 from lowering.modelio import write_atomic
 from lowering.rules import TARGETS
-from lowering.training import Trainer, batches, lower_artifacts, starting_point
-from lowering.workflow import check_outputs, export_inference
+from lowering.training.checkpoint import write_checkpoint
+from lowering.training.trainer import Trainer, batches, lower_artifacts, starting_point
+from lowering.training.workflow import check_outputs, export_inference
 from opdef.errors import OplowerError
 
 HELP = ("train on plain onnxruntime from an onnxruntime-training artifact directory (training_model.onnx, "

@@ -12,9 +12,9 @@ from lowering.cli.arguments import positive_int
 from lowering.cli.run import load_npz
 from lowering.modelio import write_atomic
 from lowering.rules import TARGETS
-from lowering.train_step import FIRST_MOMENT, SECOND_MOMENT
-from lowering.training import batches, lower_artifacts, starting_point
-from lowering.web_bundle import write_bundle
+from lowering.training.train_step import FIRST_MOMENT, SECOND_MOMENT
+from lowering.training.trainer import batches, lower_artifacts, starting_point
+from lowering.training.web_bundle import write_bundle
 from opdef.errors import OplowerError
 
 HELP = ("write the train-step model of an onnxruntime-training artifact directory: one standard ONNX model "

@@ -25,7 +25,7 @@ ARTIFACTS = ROOT / "tests" / "fixtures" / "ort_training" / "artifacts"
 
 
 def agreement(directory: Path, target: str) -> dict:
-    from lowering.training import Trainer, initial_parameters, lower_artifacts
+    from lowering.training.trainer import Trainer, initial_parameters, lower_artifacts
 
     meta = json.loads((directory / "meta.json").read_text())
     models = dataclasses.replace(lower_artifacts(directory, target=target), step=None)

@@ -14,11 +14,29 @@ Called by make_fixtures.py (same environment). Per artifact directory ``artifact
 - raw_optimizer_step1.npz: optimizer_model.onnx run the same way on sequences (params, the raw
   gradients, zero moments, step=[1], the API's learning rate): the graph outputs and the updated
   sequences ``params.updated.<i>``, ``first_order_moments.updated.<i>``...;
-- meta.json: parameter order, non-standard ops per model, shapes, the torch model's description.
+- meta.json: parameter order, non-standard ops per model, shapes, the torch model's description;
+- forward_model.onnx: the forward model exactly as torch exported it, the input of generate_artifacts
+  *before* patch_forward (the transformers' LayerNormalization without Mean/InvStdDev, Dropout without its
+  mask output) and with every Dropout's ratio as exported (0.1, 0.2): generate_artifacts gets a patched copy.
+  Its initializers are initial_params.npz's values (the checkpoint is made from them);
+- torch_f64_step1.npz: the float64 truth of the first step: ``loss`` (0-d) and ``grad.<param>`` for every
+  trainable parameter, keyed by its ONNX initializer name -- a deep copy of the torch module in float64
+  (``.double()``) holding initial_params.npz's values (BatchNorm running stats too), every nn.Dropout's ``p``
+  and nn.MultiheadAttention's ``dropout`` 0 (as the recorded graphs' zeroed ratios), in train() mode
+  (BatchNorm on batch statistics), one backward on data.npz's batch with the loss generate_artifacts built
+  (CrossEntropyLoss, MSELoss, BCEWithLogitsLoss, L1Loss: each reduction mean). Every initializer name is
+  the torch name (state_dict key) of the same tensor, same shape, in every artifact: the exporter keeps
+  the recurrent layers' ``rnn.weight_ih_l0``... in torch's layout [gates*hidden, in] and torch's gate order
+  (its Slice/Concat nodes reorder them into ONNX's W/R/B), bert_torch's ``block.self_attn.in_proj_weight``
+  [3*hidden, hidden] / ``in_proj_bias`` stay one tensor each (sliced into q/k/v in the graph), and gpt's head
+  is tied: ``tok.weight`` is one initializer read by both the Gather and the head's Transpose/MatMul, its
+  gradient the sum of both uses (torch's too). make() checks all this (names, shapes, that every torch
+  parameter is trainable and got a gradient) and prints the agreement with api_step1.npz.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import zlib
@@ -357,7 +375,8 @@ def make(name: str, out_root: Path, seed: int) -> dict:
     torch.onnx.export(model, (x,), str(forward), input_names=["input"], output_names=["output"],
                       opset_version=17, do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING,
                       dynamo=False)
-    fwd = onnx.load(forward)
+    exported = forward.read_bytes()  # kept as forward_model.onnx: unpatched, Dropout ratios as exported
+    fwd = onnx.load_from_string(exported)  # generate_artifacts gets (and may change) a copy, patched if asked
     if options.get("patch"):
         fwd = patch_forward(fwd)
         trainable = {n for n, _ in model.named_parameters()}
@@ -369,7 +388,8 @@ def make(name: str, out_root: Path, seed: int) -> dict:
     frozen = [init.name for init in fwd.graph.initializer if init.name not in requires_grad]
     artifacts.generate_artifacts(fwd, requires_grad=requires_grad, frozen_params=frozen, loss=loss,
                                  optimizer=optim, artifact_directory=str(directory))
-    forward.unlink()  # the training/eval models hold everything; keep the fixture set small
+    if forward.read_bytes() != exported:
+        raise RuntimeError(f"{forward} changed after export")
     if options.get("patch"):
         for f in ("training_model.onnx", "eval_model.onnx"):
             zero_dropout_ratios(directory / f)
@@ -450,8 +470,70 @@ def make(name: str, out_root: Path, seed: int) -> dict:
             "ir_version": {f: onnx.load(directory / f).ir_version for f in
                            ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx")}}
     (directory / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    print(f"  artifact {name}: loss {curve[0]:.6f} -> {curve[-1]:.6f}")
+    # last: torch's exporter numbers values per process, and this must not shift a later artifact's names
+    truth = torch_f64_step(model, loss, data, labels, dict(np.load(directory / "initial_params.npz")), trainable)
+    np.savez_compressed(directory / "torch_f64_step1.npz", **truth)
+    agreement = _agreement(truth, loss1, grads)
+    print(f"  artifact {name}: loss {curve[0]:.6f} -> {curve[-1]:.6f}; api_step1 vs torch f64: "
+          f"loss {agreement['loss']:.1e}, gradients {agreement['gradients']:.1e}")
     return meta
+
+
+def torch_f64_step(model: nn.Module, loss: artifacts.LossType, data: np.ndarray, labels: np.ndarray,
+                   initial: dict[str, np.ndarray], trainable: list[str]) -> dict[str, np.ndarray]:
+    """torch_f64_step1.npz's arrays: ``loss`` and ``grad.<param>`` (float64) of one train-mode step of a float64
+    deep copy of ``model`` holding ``initial`` (by ONNX initializer name = torch state_dict key), with every
+    dropout probability 0, on (data, labels), with generate_artifacts' ``loss`` (reduction mean)."""
+    model = copy.deepcopy(model).double()
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if isinstance(module, nn.MultiheadAttention):  # a float, not an nn.Dropout
+            module.dropout = 0.0
+    model.train()  # BatchNorm on the batch's statistics
+    params, state = dict(model.named_parameters()), model.state_dict(keep_vars=True)
+    unmapped = sorted(set(initial) - set(state))
+    if unmapped:
+        raise RuntimeError(f"initializers with no torch tensor of that name: {unmapped}")
+    if set(params) != set(trainable):
+        raise RuntimeError(f"torch parameters {sorted(params)} != trainable initializers {sorted(trainable)}")
+    with torch.no_grad():
+        for name, value in initial.items():
+            if tuple(state[name].shape) != value.shape:
+                raise RuntimeError(f"{name}: torch shape {tuple(state[name].shape)} != initializer {value.shape}")
+            state[name].copy_(torch.from_numpy(value))  # float32 -> float64: exact
+    x = torch.from_numpy(data)
+    output = model(x.double() if x.is_floating_point() else x)
+    target = torch.from_numpy(labels)
+    if loss == artifacts.LossType.CrossEntropyLoss:
+        value = nn.functional.cross_entropy(output, target)
+    elif loss == artifacts.LossType.MSELoss:
+        value = nn.functional.mse_loss(output, target.double())
+    elif loss == artifacts.LossType.BCEWithLogitsLoss:
+        value = nn.functional.binary_cross_entropy_with_logits(output, target.double())
+    elif loss == artifacts.LossType.L1Loss:
+        value = nn.functional.l1_loss(output, target.double())
+    else:
+        raise NotImplementedError(loss)
+    value.backward()
+    missing = [p for p in trainable if params[p].grad is None]
+    if missing:
+        raise RuntimeError(f"no gradient for {missing}")
+    arrays = {"loss": value.detach().numpy().astype(np.float64)}
+    for p in trainable:
+        grad = params[p].grad.numpy()
+        if grad.dtype != np.float64 or grad.shape != initial[p].shape:
+            raise RuntimeError(f"{p}: gradient {grad.dtype} {grad.shape}, parameter {initial[p].shape}")
+        arrays[f"grad.{p}"] = grad
+    return arrays
+
+
+def _agreement(truth: dict, loss1, grads: dict) -> dict[str, float]:
+    """The training API's first step against the float64 truth: |loss difference| / |loss| and
+    max |api grad - torch grad| over every parameter / max |torch grad| over every parameter."""
+    largest = max(float(np.abs(truth[f"grad.{p}"]).max()) for p in grads)
+    gap = max(float(np.abs(g.astype(np.float64) - truth[f"grad.{p}"]).max()) for p, g in grads.items())
+    return {"loss": abs(float(loss1) - float(truth["loss"])) / abs(float(truth["loss"])), "gradients": gap / largest}
 
 
 def _expose(model: onnx.ModelProto, op_type: str, position_to_name) -> onnx.ModelProto:

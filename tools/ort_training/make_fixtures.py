@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -462,6 +463,10 @@ def main() -> int:
     if args.only in (None, "ops"):
         ops()
     if args.only in (None, "artifacts"):
+        # torch's oneDNN picks its convolution kernels by CPU: the artifacts were exported with its AVX2 ones
+        # (on an AVX-512 host cnn's BatchNorm running stats, which the export's training-mode forward updates,
+        # come out a bit off). oneDNN reads this at its first convolution, so setting it here still counts
+        os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
         sys.path.insert(0, str(HERE))
         import make_artifacts
 

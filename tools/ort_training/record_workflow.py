@@ -16,7 +16,7 @@ initial state) it writes tests/fixtures/ort_training/workflow/<name>/:
 - ``eval.npz``: ``loss`` (one per batch) of the training API's eval step (Module.eval(), module(input,
   labels)) on the parameters after step 6, with eval_model.onnx repaired (generate_artifacts keeps an
   inference-mode BatchNormalization's three outputs, which onnxruntime refuses: the two unread ones are
-  dropped, as oplower's lowering.workflow.repair_eval_model does) -- and ``output`` (one per batch) of the
+  dropped, as oplower's lowering.training.workflow.repair_eval_model does) -- and ``output`` (one per batch) of the
   model ``Module.export_model_for_inferencing(path, ["output"])`` writes, run by InferenceSession;
 - ``export.json``: that model's inputs, outputs, initializer names and node op types;
 - ``oplower_k3.ckpt``: the checkpoint ``oplower train --steps 3 --save-checkpoint`` writes (run with the

@@ -31,11 +31,11 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from lowering.checkpoint import Checkpoint, CheckpointError, read_checkpoint, write_checkpoint
-from lowering.labels import LabelInput, check_labels, label_inputs
 from lowering.modelio import load_model
 from lowering.passes import lower_runnable
-from lowering.train_step import FIRST_MOMENT, SECOND_MOMENT, BoundStep, TrainStep, train_step
+from lowering.training.checkpoint import Checkpoint, CheckpointError, read_checkpoint, write_checkpoint
+from lowering.training.labels import LabelInput, check_labels, label_inputs
+from lowering.training.train_step import FIRST_MOMENT, SECOND_MOMENT, BoundStep, TrainStep, train_step
 from opdef.errors import ModelError, OplowerError, RuntimeFailure
 from runtime.session import np_dtype, ort_message
 
@@ -62,9 +62,9 @@ class TrainingModels:
     # every other input: data, labels, and frozen parameters (e.g. batch norm's running statistics), which
     # take their value from the parameter source and keep it
     other_inputs: tuple[str, ...]
-    # the same step as one tensor-only model (lowering.train_step), which Trainer runs when it is there
+    # the same step as one tensor-only model (lowering.training.train_step), which Trainer runs when it is there
     step: TrainStep | None = None
-    # the class-label inputs and their class counts (lowering.labels): labels are checked before they are fed
+    # the class-label inputs and their class counts (lowering.training.labels): labels are checked before they are fed
     labels: tuple[LabelInput, ...] = ()
 
 
@@ -168,7 +168,7 @@ class Trainer:
     """N steps of training on plain onnxruntime, parameters, buffers and moments carried between steps.
 
     With the train-step model (``models.step``, what :func:`lower_artifacts` builds) one bound session run
-    per step (:class:`lowering.train_step.BoundStep`): the state stays in onnxruntime's buffers, and
+    per step (:class:`lowering.training.train_step.BoundStep`): the state stays in onnxruntime's buffers, and
     ``params``, ``frozen`` and the moments are read out (as copies) only when asked for; assign them to
     change the state. Without it, the training and optimizer models run in turn with NumPy feeds (their
     ``buffers`` then hold each step's gradients).

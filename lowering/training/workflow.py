@@ -32,11 +32,11 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from lowering.checkpoint import CheckpointError, read_checkpoint
-from lowering.labels import check_labels, label_inputs
 from lowering.modelio import load_model, write_atomic
 from lowering.passes import lower_model, lower_runnable
-from lowering.training import CHECKPOINT, TrainingDataError
+from lowering.training.checkpoint import CheckpointError, read_checkpoint
+from lowering.training.labels import check_labels, label_inputs
+from lowering.training.trainer import CHECKPOINT, TrainingDataError
 from opdef.errors import LoweringError, ModelError, OplowerError, RuntimeFailure
 from runtime.session import find_custom_nodes, np_dtype, ort_message
 

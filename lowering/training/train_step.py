@@ -31,8 +31,8 @@ from onnx import TensorProto, helper
 from lowering.builder import NodeBuilder
 from lowering.modelio import load_model
 from lowering.passes import lower_runnable
-from lowering.portable_std import spell_out_for_portable
 from lowering.rules.training_updates import AdamW, sgd_update
+from lowering.training.portable_std import spell_out_for_portable
 from opdef.errors import LoweringError, ModelError, OplowerError
 from opdef.verify import infer_node, value_types_of_graph
 

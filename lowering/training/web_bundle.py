@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from lowering.modelio import write_atomic
-from lowering.train_step import FIRST_MOMENT, SECOND_MOMENT, TrainStep
+from lowering.training.train_step import FIRST_MOMENT, SECOND_MOMENT, TrainStep
 from opdef.errors import ModelError
 
 MODEL_FILE, INDEX_FILE, TENSOR_FILE = "train_step.onnx", "bundle.json", "tensors.bin"

@@ -1,0 +1,3 @@
+"""Gradient rules: conv family."""
+
+from __future__ import annotations

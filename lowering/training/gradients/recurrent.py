@@ -1,0 +1,3 @@
+"""Gradient rules: recurrent family."""
+
+from __future__ import annotations

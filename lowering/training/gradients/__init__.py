@@ -1,7 +1,8 @@
 """Gradient rules, one module per op family (like ``lowering/rules``); importing the package registers them.
 
-- ``elementwise`` -- Add, Sub, Mul, Div, Pow, Sqrt, Exp, Log, Neg, Abs, Erf, Tanh, Sigmoid, Relu, LeakyRelu,
-  Clip, Cast, Identity, Where, Sum, Max/Min...;
+- ``elementwise`` -- Add, Sub, Mul, Div, Pow, Sqrt, Exp, Log, Neg, Abs, Erf, Sigmoid, Relu, Cast, Identity, Where,
+  Sum, Max/Min...;
+- ``activation`` -- Clip, LeakyRelu, Tanh, HardSigmoid, HardSwish, Elu, Softplus...;
 - ``matmul`` -- MatMul, Gemm;
 - ``conv`` -- Conv, MaxPool, AveragePool, GlobalAveragePool;
 - ``normalization`` -- BatchNormalization, LayerNormalization, Softmax, LogSoftmax, Dropout;
@@ -23,6 +24,7 @@ __all__ = ["NO_GRADIENT", "GradientRule", "gradient_rule", "registered_rules", "
 
 # the families register their rules on import (kept last: they import the registry above)
 from lowering.training.gradients import (  # noqa: E402, F401
+    activation,
     conv,
     elementwise,
     loss,

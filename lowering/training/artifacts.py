@@ -193,8 +193,22 @@ def build_artifacts(model: onnx.ModelProto | str | os.PathLike, requires_grad: S
                     frozen_params: Sequence[str] | None = None, loss: LossType | None = None,
                     optimizer: OptimType | None = None, additional_output_names: Sequence[str] | None = None,
                     loss_input_names: Sequence[str] | None = None, *,
-                    keep_inference_batch_norm: Sequence[str] = ()) -> Artifacts:
-    """The four artifacts as objects (``generate_artifacts`` writes them)."""
+                    keep_inference_batch_norm: Sequence[str] = (), source: str = "", verify: bool = True
+                    ) -> Artifacts:
+    """The four artifacts as objects (``generate_artifacts`` writes them). ``keep_inference_batch_norm``: names
+    of BatchNormalization nodes that stay in inference mode (frozen statistics). ``verify``: check every custom
+    node of the training model against the project's schemas (a failure is a bug of a gradient rule)."""
+    try:
+        return _build(model, requires_grad, frozen_params, loss, optimizer, additional_output_names,
+                      loss_input_names, keep_inference_batch_norm, verify)
+    except OplowerError as exc:
+        if source and not str(exc).startswith(source):
+            raise type(exc)(f"{source}: {exc}") from None
+        raise
+
+
+def _build(model, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names,
+           keep_inference_batch_norm, verify) -> Artifacts:
     forward = load_model(model) if isinstance(model, (str, os.PathLike)) else model
     if not isinstance(forward, onnx.ModelProto):
         raise ArtifactError(f"model must be an onnx.ModelProto or a path, not {type(forward).__name__}")
@@ -291,6 +305,8 @@ def build_artifacts(model: onnx.ModelProto | str | os.PathLike, requires_grad: S
     if any(n.domain == _MS for n in ev.graph.node):
         _ensure_opset(ev, _MS, 1)
 
+    if verify:
+        _verify(training)
     values = {t.name: numpy_helper.to_array(t, base_dir="") for t in base.graph.initializer if t.name in param_set}
     ckpt = Checkpoint(params={p: values[p] for p in ordered if p in set(requires)},
                       frozen={p: values[p] for p in ordered if p in set(frozen)})
@@ -298,6 +314,17 @@ def build_artifacts(model: onnx.ModelProto | str | os.PathLike, requires_grad: S
     opt = optimizer_model(optimizer, elem, opset, tokens) if optimizer is not None else None
     trainable_sorted = [p for p in ordered if p in set(requires)]
     return Artifacts(training, ev, opt, ckpt, trainable_sorted, [p for p in ordered if p in set(frozen)], loss_name)
+
+
+def _verify(training: onnx.ModelProto) -> None:
+    from opdef.errors import VerificationError  # noqa: PLC0415
+    from opdef.model_verify import InvalidNodes, verify_model  # noqa: PLC0415
+
+    try:
+        verify_model(training)
+    except (VerificationError, InvalidNodes) as exc:
+        raise OplowerError(f"the generated training model fails verification (a gradient rule's bug, please report "
+                           f"it): {exc}") from None
 
 
 def _copy_large(model: onnx.ModelProto, into: onnx.ModelProto) -> None:

@@ -16,9 +16,10 @@ Called by make_fixtures.py (same environment). Per artifact directory ``artifact
   sequences ``params.updated.<i>``, ``first_order_moments.updated.<i>``...;
 - meta.json: parameter order, non-standard ops per model, shapes, the torch model's description;
 - forward_model.onnx: the forward model exactly as torch exported it, the input of generate_artifacts
-  *before* patch_forward (the transformers' LayerNormalization without Mean/InvStdDev, Dropout without its
-  mask output) and with every Dropout's ratio as exported (0.1, 0.2): generate_artifacts gets a patched copy.
-  Its initializers are initial_params.npz's values (the checkpoint is made from them);
+  *before* patch_forward (LayerNormalization without its Mean/InvStdDev outputs; nn.MultiheadAttention's
+  Dropout without a mask output -- torch's training-mode export gives every other Dropout one) and with every
+  Dropout's ratio as exported (0.1, 0.2, a Constant node's output): generate_artifacts gets a patched copy.
+  Its initializers are initial_params.npz's values (the checkpoint is made from them), nothing else;
 - torch_f64_step1.npz: the float64 truth of the first step: ``loss`` (0-d) and ``grad.<param>`` for every
   trainable parameter, keyed by its ONNX initializer name -- a deep copy of the torch module in float64
   (``.double()``) holding initial_params.npz's values (BatchNorm running stats too), every nn.Dropout's ``p``
@@ -28,10 +29,11 @@ Called by make_fixtures.py (same environment). Per artifact directory ``artifact
   the torch name (state_dict key) of the same tensor, same shape, in every artifact: the exporter keeps
   the recurrent layers' ``rnn.weight_ih_l0``... in torch's layout [gates*hidden, in] and torch's gate order
   (its Slice/Concat nodes reorder them into ONNX's W/R/B), bert_torch's ``block.self_attn.in_proj_weight``
-  [3*hidden, hidden] / ``in_proj_bias`` stay one tensor each (sliced into q/k/v in the graph), and gpt's head
-  is tied: ``tok.weight`` is one initializer read by both the Gather and the head's Transpose/MatMul, its
-  gradient the sum of both uses (torch's too). make() checks all this (names, shapes, that every torch
-  parameter is trainable and got a gradient) and prints the agreement with api_step1.npz.
+  [3*hidden, hidden] / ``in_proj_bias`` [3*hidden] stay one tensor each (one Transpose-MatMul-Add projects q,
+  k and v together, three Gathers split the result), and gpt's head is tied: ``tok.weight`` is one
+  initializer read by both the embedding's Gather and the head's Transpose (then MatMul), its gradient the
+  sum of both uses (torch's too). make() checks all this (names, shapes, that every torch parameter is
+  trainable and got a gradient) and prints the agreement with api_step1.npz.
 """
 
 from __future__ import annotations

@@ -105,6 +105,7 @@ class ForwardContext(Emitter):
         super().__init__(taken, opset)
         self.types = types
         self.constant_values = constants
+        self.declared: list[str] = []  # values rules typed with set_type: the training model declares them
 
     def elem_type(self, name: str) -> int | None:
         t = self.types.get(name)
@@ -148,8 +149,12 @@ class ForwardContext(Emitter):
         return helper.tensor_dtype_to_np_dtype(elem)
 
     def set_type(self, name: str, elem_type: int, shape: Sequence[Dim] | None) -> None:
-        """Record the type of a value a rule created (so later rules can read it)."""
+        """Record the type of a value a rule created (so later rules can read it; the training model declares it
+        in its value_info, where a gradient op's kernel reads an output shape it cannot infer, e.g. MaxPoolGrad's
+        dX)."""
         self.types[name] = helper.make_tensor_type_proto(elem_type, None if shape is None else list(shape))
+        if name not in self.declared:
+            self.declared.append(name)
 
 
 class GradientContext:

@@ -18,7 +18,8 @@ CASES = recorded_cases()
 ARTIFACTS = tuple(sorted(p.name for p in (FIXTURES / "artifacts").iterdir() if p.is_dir()))  # every recorded one
 ARTIFACT_FILES = ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint", "data.npz",
                   "initial_params.npz", "api_step1.npz", "api_optimizer_step1.npz", "api_curve.json",
-                  "raw_train_step1.npz", "raw_optimizer_step1.npz", "raw_curve.json", "meta.json")
+                  "raw_train_step1.npz", "raw_optimizer_step1.npz", "raw_curve.json", "meta.json",
+                  "forward_model.onnx", "torch_f64_step1.npz")
 
 
 def _declared(value_info: onnx.ValueInfoProto) -> tuple[np.dtype, list[int | None]] | None:
@@ -129,6 +130,38 @@ def test_artifact_is_complete_and_consistent(name):
     assert len(raw_curve["loss"]) == 20 and np.isfinite(raw_curve["loss"]).all()
 
 
+@pytest.mark.parametrize("name", ARTIFACTS)
+def test_artifact_forward_model_and_float64_truth(name):
+    """forward_model.onnx is torch's export (valid ONNX, unpatched: no LayerNormalization Mean/InvStdDev outputs)
+    holding exactly initial_params.npz; torch_f64_step1.npz has a float64 loss and one float64 gradient per
+    trainable parameter, its shape, which the training API's first step (api_step1.npz) follows closely."""
+    directory = FIXTURES / "artifacts" / name
+    meta = json.loads((directory / "meta.json").read_text())
+    params = np.load(directory / "initial_params.npz")
+    forward = onnx.load(directory / "forward_model.onnx")
+    onnx.checker.check_model(forward, full_check=True)
+    assert [vi.name for vi in forward.graph.input] == ["input"] and [vi.name for vi in forward.graph.output] == [
+        "output"]
+    initializers = {t.name: onnx.numpy_helper.to_array(t) for t in forward.graph.initializer}
+    assert set(initializers) == set(params.files)
+    for param in params.files:
+        assert np.array_equal(initializers[param], params[param]), param
+    assert all(len(n.output) == 1 for n in forward.graph.node if n.op_type == "LayerNormalization")
+
+    truth, step = np.load(directory / "torch_f64_step1.npz"), np.load(directory / "api_step1.npz")
+    trainable = meta["trainable_params"]
+    assert set(truth.files) == {"loss"} | {f"grad.{p}" for p in trainable}
+    assert truth["loss"].dtype == np.float64 and truth["loss"].shape == () and np.isfinite(truth["loss"])
+    for param in trainable:
+        grad = truth[f"grad.{param}"]
+        assert grad.dtype == np.float64 and grad.shape == params[param].shape and np.isfinite(grad).all(), param
+    # recorded agreement: loss within 7e-8 of its size, gradients within 3.6e-7 of the largest (make_artifacts.py)
+    assert abs(float(step["loss"]) - float(truth["loss"])) <= 1e-6 * abs(float(truth["loss"]))
+    largest = max(float(np.abs(truth[f"grad.{p}"]).max()) for p in trainable)
+    gap = max(float(np.abs(step[f"grad.{p}"] - truth[f"grad.{p}"]).max()) for p in trainable)
+    assert gap <= 1e-5 * largest, gap / largest
+
+
 def test_op_schemas_cover_every_recorded_op():
     schemas = json.loads((FIXTURES / "op_schemas.json").read_text())
     for case in CASES:
@@ -143,14 +176,16 @@ def _bytes(directory: Path) -> int:
 
 
 def test_fixture_set_stays_small():
-    """Every artifact directory stays tiny (the transformers and mobilenet are the largest, ~155 KB: their
-    graphs, not their parameters, dominate); the artifacts together (1.23 MB: the first five 233 KB, the
-    transformers, mobilenet and mlp_act 782 KB, lstm/gru/lstm2 212 KB) and the one-node cases (ops/, 597 KB)
-    have their own budgets; the whole set (1.96 MB with workflow/ and graphs/) stays under 2 MB, the hard
-    limit of the repository."""
+    """Every artifact directory stays tiny (vit, gpt, mobilenet and bert_torch are the largest, ~175-187 KB: their
+    graphs, not their parameters, dominate); the artifacts together (1.50 MB: the first five 275 KB, the
+    transformers, mobilenet and mlp_act 949 KB, lstm/gru/lstm2 272 KB; forward_model.onnx and
+    torch_f64_step1.npz 269 KB of it) and the one-node cases (ops/, 597 KB) have their own budgets; the whole set
+    is 2.23 MB with workflow/ and graphs/. The whole set's budget was 2 MB until issue 29 asked for each
+    architecture's unpatched forward model and a float64 truth (269 KB that do not compress: the export byte for
+    byte, ~14k float64 gradients): 2.3 MB now, the rest of the repository stays small (the checkout 7.4 MB)."""
     artifacts = [p for p in (FIXTURES / "artifacts").iterdir() if p.is_dir()]
     sizes = {p.name: _bytes(p) for p in artifacts}
-    assert max(sizes.values()) < 160_000, sizes
-    assert sum(sizes.values()) < 1_300_000, sizes
+    assert max(sizes.values()) < 190_000, sizes
+    assert sum(sizes.values()) < 1_550_000, sizes
     assert _bytes(FIXTURES / "ops") < 700_000
-    assert _bytes(FIXTURES) < 2_000_000
+    assert _bytes(FIXTURES) < 2_300_000

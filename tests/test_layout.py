@@ -114,3 +114,24 @@ def test_a_family_module_may_register_several_rule_keys(tmp_path, monkeypatch):
 
     assert fam_rules.FOUND == {"max_pool_grad", "avg_pool_grad"}
     import_rule_module("fam_rules", "no such rule")  # no module, no error: simply no rule
+
+
+# the training side (lowering/training/) sits above the pass and its rules, below the CLI and the bench
+TRAINING_USERS = ("lowering.training", "lowering.cli", "lowering.bench")
+
+
+def test_the_pass_never_imports_the_training_side():
+    graph = _graph()
+    climbing = sorted(f"{module} imports {name}" for module, names in graph.items() for name in names
+                      if name.startswith("lowering.training") and module.startswith("lowering")
+                      and not module.startswith(TRAINING_USERS))
+    assert not climbing, climbing
+    below = sorted(f"{module} imports {name}" for module, names in graph.items() if module.startswith(
+        "lowering.training") for name in names if name.startswith(("lowering.cli", "lowering.bench")))
+    assert not below, below
+
+
+def test_gradient_rules_live_in_the_gradients_package():
+    for path in sorted((ROOT / "lowering").rglob("*.py")):
+        if "@gradient_rule(" in path.read_text(encoding="utf-8"):
+            assert path.is_relative_to(ROOT / "lowering" / "training" / "gradients"), path

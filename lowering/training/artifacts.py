@@ -292,6 +292,7 @@ def _build(model, requires_grad, frozen_params, loss, optimizer, additional_outp
     g.input.append(helper.make_tensor_value_info(LAZY_RESET, onnx.TensorProto.BOOL, [1]))
     g.output.extend([_output(types, loss_name)] + [_output(types, n) for n in additional_output_names or ()] + flags)
     _ensure_opset(training, _MS, 1)
+    _value_infos(training.graph, f.types)
 
     # the eval model
     ev = onnx.ModelProto()
@@ -304,6 +305,7 @@ def _build(model, requires_grad, frozen_params, loss, optimizer, additional_outp
     ev.graph.initializer.extend(inits + fe.initializers)
     ev.graph.output.extend([_output(types, loss_name)] + [_output(types, n) for n in additional_output_names or ()])
     _prune(ev.graph)
+    _value_infos(ev.graph, types)
     if any(n.domain == _MS for n in ev.graph.node):
         _ensure_opset(ev, _MS, 1)
 
@@ -361,6 +363,20 @@ def _output(types: dict[str, onnx.TypeProto], name: str) -> onnx.ValueInfoProto:
     if name in types:
         vi.type.CopyFrom(types[name])
     return vi
+
+
+def _value_infos(graph: onnx.GraphProto, types: dict[str, onnx.TypeProto]) -> None:
+    """The forward values' inferred types as value_info (onnxruntime-training's graphs carry them too): the
+    lowering of the training ops reads static shapes from shape inference, which cannot always see through
+    the custom ops in between."""
+    declared = {vi.name for vi in graph.input} | {vi.name for vi in graph.output} | {t.name for t in graph.initializer}
+    produced = [o for n in graph.node for o in n.output if o and o not in declared]
+    for name in dict.fromkeys(produced):
+        t = types.get(name)
+        if t is not None and t.HasField("tensor_type") and t.tensor_type.elem_type:
+            vi = graph.value_info.add()
+            vi.name = name
+            vi.type.CopyFrom(t)
 
 
 def _prune(graph: onnx.GraphProto) -> None:

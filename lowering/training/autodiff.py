@@ -126,6 +126,8 @@ def differentiate(nodes: Sequence[onnx.NodeProto], loss: str, params: Sequence[s
             result = parts[0]
         else:
             result = f.node1("Sum", parts, f.fresh(f"{name}_grad"), hint="accumulate_grad")
+            if name in f.types:
+                f.types[result] = f.types[name]
         summed[name] = result
         return result
 
@@ -143,6 +145,9 @@ def differentiate(nodes: Sequence[onnx.NodeProto], loss: str, params: Sequence[s
             f.scope = ""
         for i, name in ctx.dx.items():
             contributions.setdefault(node.input[i], []).append(name)
+            # a gradient has its value's type: recorded for the value_info the lowering's shape inference reads
+            if name not in f.types and node.input[i] in f.types:
+                f.types[name] = f.types[node.input[i]]
 
     gradients: dict[str, str] = {}
     for p in params:

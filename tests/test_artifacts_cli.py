@@ -192,3 +192,31 @@ def test_usage_errors_exit_2(forward):
     run = subprocess.run([sys.executable, "-m", "lowering", "artifacts", str(forward), "-o", "x"],
                          capture_output=True, text=True)
     assert run.returncode == 2 and "--loss" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_parameters_sharing_a_gradient_and_a_parameter_used_twice(tmp_path):
+    """Add(p, q) hands both the same gradient value; p also feeds a second node (its contributions summed):
+    each parameter still gets its own <p>_grad, numerically right."""
+    p = RNG.standard_normal((4, 3)).astype(np.float32)
+    q = RNG.standard_normal((4, 3)).astype(np.float32)
+    nodes = [helper.make_node("Add", ["p", "q"], ["s"]), helper.make_node("Mul", ["s", "p"], ["t"]),
+             helper.make_node("ReduceSum", ["t"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+                              [numpy_helper.from_array(p, "p"), numpy_helper.from_array(q, "q")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    generate_artifacts(model, requires_grad=["p", "q"], loss=None, optimizer=OptimType.SGD, artifact_directory=tmp_path)
+    training = onnx.load(tmp_path / "training_model.onnx")
+    grads = {n.input[0][: -len("_grad.accumulation.buffer")]: n.input[1] for n in training.graph.node
+             if n.op_type == "InPlaceAccumulatorV2"}
+    assert grads == {"p": "p_grad", "q": "q_grad"}
+    kept = [n for n in training.graph.node if n.op_type != "InPlaceAccumulatorV2"]
+    del training.graph.node[:]
+    training.graph.node.extend(kept)
+    del training.graph.output[:]
+    training.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in ("loss", "p_grad", "q_grad"))
+    keep = [i for i in training.graph.input if i.name in ("p", "q")]
+    del training.graph.input[:]
+    training.graph.input.extend(keep)
+    got = run_model(lower_model(training), {"p": p, "q": q})
+    np.testing.assert_allclose(got["p_grad"], 2 * p + q, rtol=1e-6)  # d/dp sum((p + q) p)
+    np.testing.assert_allclose(got["q_grad"], p, rtol=1e-6)

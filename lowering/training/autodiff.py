@@ -106,6 +106,12 @@ def differentiate(nodes: Sequence[onnx.NodeProto], loss: str, params: Sequence[s
                             " (freeze it, or leave it out of requires_grad)")
 
     emitted_before = len(f.nodes)
+    # the parameters' gradients are named <p>_grad at the end: reserved, so no rule's fresh name takes one
+    reserved = {p: f"{p}_grad" for p in params}
+    clash = next((n for n in reserved.values() if n in f.taken), None)
+    if clash is not None:
+        raise GradientError(f"the model already has a value named {clash!r} (the name of a parameter's gradient)")
+    f.taken.update(reserved.values())
     contributions: dict[str, list[str]] = {}
     loss_grad = f"{loss}_grad"
     f.taken.add(loss_grad)
@@ -150,17 +156,28 @@ def differentiate(nodes: Sequence[onnx.NodeProto], loss: str, params: Sequence[s
                 f.types[name] = f.types[node.input[i]]
 
     gradients: dict[str, str] = {}
+    produced = {o: node for node in f.nodes[emitted_before:] for o in node.output if o}
+    renames: dict[str, str] = {}
     for p in params:
         g = total(p)
         if g is None:
             raise GradientError(f"parameter {p!r} gets no gradient from the loss {loss!r}")
-        name = f"{p}_grad"
-        if g != name:
-            if name in f.taken:
-                raise GradientError(f"the model already has a value named {name!r} (the gradient of {p!r})")
-            f.taken.add(name)
-            f.node("Identity", [g], [name], hint=f"{p}_grad_identity")
+        name = reserved[p]
+        if g in produced and g not in renames and g not in origin:
+            renames[g] = name  # the value a rule made: renamed in place, no Identity node
+        else:
+            f.node("Identity", [renames.get(g, g)], [name], hint=f"{p}_grad_identity")
+        if g in f.types:
+            f.types[name] = f.types[g]
         gradients[p] = name
+    if renames:
+        for node in f.nodes[emitted_before:]:
+            for i, v in enumerate(node.input):
+                if v in renames:
+                    node.input[i] = renames[v]
+            for i, v in enumerate(node.output):
+                if v in renames:
+                    node.output[i] = renames[v]
     backward = f.nodes[emitted_before:]
     del f.nodes[emitted_before:]
     return GradientGraph(list(nodes), backward, gradients)

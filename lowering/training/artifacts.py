@@ -278,8 +278,6 @@ def _build(model, requires_grad, frozen_params, loss, optimizer, additional_outp
     inits = [t for t in base.graph.initializer if t.name not in param_set]
     g.initializer.extend(inits + f.initializers)
     g.node.extend(graph.forward + graph.backward)
-    produced = {o for node in g.node for o in node.output if o}
-    g.value_info.extend(_output(f.types, n) for n in f.declared if n in produced)
     flags = []
     by_name = {vi.name: vi for vi in params_vi}
     for index, p in enumerate(requires, start=1 + len(additional_output_names or ())):

@@ -105,7 +105,6 @@ class ForwardContext(Emitter):
         super().__init__(taken, opset)
         self.types = types
         self.constant_values = constants
-        self.declared: list[str] = []  # values rules typed with set_type: the training model declares them
 
     def elem_type(self, name: str) -> int | None:
         t = self.types.get(name)
@@ -153,8 +152,6 @@ class ForwardContext(Emitter):
         in its value_info, where a gradient op's kernel reads an output shape it cannot infer, e.g. MaxPoolGrad's
         dX)."""
         self.types[name] = helper.make_tensor_type_proto(elem_type, None if shape is None else list(shape))
-        if name not in self.declared:
-            self.declared.append(name)
 
 
 class GradientContext:

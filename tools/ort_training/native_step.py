@@ -6,12 +6,17 @@
     /work/ortt-venv/bin/python tools/ort_training/native_step.py memory DIR [--steps 5]
     /work/ortt-venv/bin/python tools/ort_training/native_step.py profile DIR [--steps 20]
     /work/ortt-venv/bin/python tools/ort_training/native_step.py torch DIR [--steps 30]
+    /work/ortt-venv/bin/python tools/ort_training/native_step.py generate DIR [--runs 5] [--once]
     /work/ortt-venv/bin/python tools/ort_training/native_step.py bench --out native.json [--artifact DIR]
         [--batches 4 64 256] [--threads 1 2] [--steps 20]
 
 ``make`` writes a generate_artifacts directory for a benchmark network (not a committed fixture: these are
 megabytes) plus ``data.npz`` (``input``, ``labels``), ``initial_params.npz`` and ``meta.json`` as the
-committed artifacts have them, so ``oplower train`` and ``tools/ab_train_step.py`` read it alike.
+committed artifacts have them, so ``oplower train`` and ``tools/ab_train_step.py`` read it alike, and
+``forward_model.onnx``, torch's export before ``patch_forward`` (oplower's generator input).
+``generate`` times onnxruntime-training's ``generate_artifacts`` on DIR's forward model: ``--runs`` fresh
+processes, each timing the call alone (imports and loading excluded), printing each run and the median;
+``--once``: one run in this process (``tools/ab_artifacts.py`` alternates these with oplower's).
 ``time`` loads DIR's checkpoint into ``Module`` + ``Optimizer`` and prints one JSON line: the median
 milliseconds of ``module(input, labels); optimizer.step(); module.lazy_reset_grad()`` over ``--steps``
 steps after warm-up steps, with 2 intra-op threads and spinning off unless ``--spin`` (onnxruntime's default
@@ -172,7 +177,7 @@ def make(name: str, batch: int, out: Path) -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     x = torch.randint(0, vocab, (batch, *shape), generator=gen) if vocab else torch.randn(batch, *shape, generator=gen)
-    forward = out / "forward.onnx"
+    forward = out / "forward_model.onnx"  # kept, unpatched: oplower's generator input (tools/ab_artifacts.py)
     torch.onnx.export(model, (x,), str(forward), input_names=["input"], output_names=["output"], opset_version=17,
                       do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING, dynamo=False)
     fwd = patch_forward(onnx.load(forward))  # LayerNormalization's Mean/InvStdDev, Dropout masks
@@ -182,7 +187,6 @@ def make(name: str, batch: int, out: Path) -> None:
     artifacts.generate_artifacts(fwd, requires_grad=trainable, frozen_params=frozen,
                                  loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW,
                                  artifact_directory=str(out))
-    forward.unlink()
     for f in ("training_model.onnx", "eval_model.onnx"):  # comparable runs: no random masks on either side
         zero_dropout_ratios(out / f)
     labels = np.random.default_rng(0).integers(0, classes, size=batch).astype(np.int64)
@@ -191,8 +195,49 @@ def make(name: str, batch: int, out: Path) -> None:
     np.savez(out / "initial_params.npz", **{p: np.array(state.parameters[p].data) for p in trainable + frozen})
     (out / "meta.json").write_text(json.dumps({"name": name, "labels_input": "labels", "learning_rate": 1e-3,
                                                "batch": batch, "trainable_params": trainable,
-                                               "frozen_params": frozen, "optimizer": "AdamW"}, indent=1) + "\n")
+                                               "frozen_params": frozen, "loss": "CrossEntropyLoss",
+                                               "optimizer": "AdamW"}, indent=1) + "\n")
     print(f"wrote {out}")
+
+
+def time_generate(directory: Path) -> dict:
+    """One timed ``generate_artifacts`` of DIR's ``forward_model.onnx`` (``make`` keeps it) in this process, with
+    meta.json's parameters, CrossEntropyLoss and AdamW, into a temporary directory. Timed: the call alone (it
+    writes the four files); not timed: the imports (``onnxruntime.training`` imports torch), loading the forward
+    model and ``patch_forward`` (the by-hand fixes generate_artifacts needs). A fresh process per run
+    (``--runs``): the first call in a process is what a user's script pays."""
+    import tempfile
+
+    start = time.perf_counter()
+    import onnx
+    from onnxruntime.training import artifacts
+
+    sys.path.insert(0, str(HERE))
+    from make_artifacts import patch_forward
+
+    imported = time.perf_counter() - start
+    meta = json.loads((directory / "meta.json").read_text())
+    fwd = patch_forward(onnx.load(directory / "forward_model.onnx"))
+    with tempfile.TemporaryDirectory() as work:
+        start = time.perf_counter()
+        artifacts.generate_artifacts(fwd, requires_grad=meta["trainable_params"], frozen_params=meta["frozen_params"],
+                                     loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW,
+                                     artifact_directory=work)
+        ms = (time.perf_counter() - start) * 1e3
+        sizes = {f.name: f.stat().st_size for f in Path(work).iterdir()}
+    return {"side": "onnxruntime-training", "ms": ms, "import_ms": imported * 1e3, "files": sizes}
+
+
+def generate_runs(directory: Path, runs: int) -> dict:
+    """``runs`` fresh processes of ``generate --once``: each run's milliseconds and their median."""
+    import subprocess
+
+    times = []
+    for _ in range(runs):
+        out = subprocess.run([sys.executable, __file__, "generate", str(directory), "--once"], capture_output=True,
+                             text=True, check=True)
+        times.append(json.loads(out.stdout.strip().splitlines()[-1])["ms"])
+    return {"side": "onnxruntime-training", "runs_ms": times, "median_ms": float(np.median(times))}
 
 
 def at_batch(directory: Path, batch: int, workdir: Path) -> tuple[Path, dict[str, np.ndarray]]:
@@ -442,6 +487,10 @@ def main() -> int:
     pr.add_argument("directory", type=Path)
     pr.add_argument("--steps", type=int, default=20)
     pr.add_argument("--threads", type=int, default=2)
+    g = sub.add_parser("generate")
+    g.add_argument("directory", type=Path)
+    g.add_argument("--runs", type=int, default=5)
+    g.add_argument("--once", action="store_true", help="one run in this process (what --runs spawns)")
     mem = sub.add_parser("memory")
     mem.add_argument("directory", type=Path)
     mem.add_argument("--steps", type=int, default=5)
@@ -451,6 +500,8 @@ def main() -> int:
         print(json.dumps(time_torch(args.directory, args.steps, args.threads)))
     elif args.command == "profile":
         print(json.dumps(profile_native(args.directory, args.steps, args.threads)))
+    elif args.command == "generate":
+        print(json.dumps(time_generate(args.directory) if args.once else generate_runs(args.directory, args.runs)))
     elif args.command == "memory":
         print(json.dumps(memory_native(args.directory, args.steps, args.threads)))
     elif args.command == "make":

@@ -87,22 +87,27 @@ def _browser_run(bundle: Path, tmp_path: Path) -> dict:
     return result
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp_l1"])  # AdamW with batch norm; SGD
-def test_browser_trains_like_the_python_trainer(name, tmp_path):
+@pytest.mark.parametrize("name, made_by_oplower", [("cnn", False), ("mlp_l1", False), ("cnn", True)],
+                         ids=["cnn", "mlp_l1", "cnn-oplower-artifacts"])  # AdamW with batch norm; SGD; our own
+def test_browser_trains_like_the_python_trainer(name, made_by_oplower, tmp_path):
     directory = ARTIFACTS / name
     meta = json.loads((directory / "meta.json").read_text())
-    data = dict(np.load(directory / "data.npz"))
+    if made_by_oplower:  # the artifacts `oplower artifacts` makes from the torch export train there unchanged
+        assert main(["artifacts", str(directory / "forward_model.onnx"), "-o", str(tmp_path / "made"), "--loss",
+                     meta["loss"], "--optimizer", meta["optimizer"]]) == 0
+        directory = tmp_path / "made"
+    data = dict(np.load(ARTIFACTS / name / "data.npz"))
     data[meta["labels_input"]] = data.pop("labels")
     np.savez(tmp_path / "data.npz", **data)
-    params = dict(np.load(directory / "initial_params.npz"))
+    params = dict(np.load(ARTIFACTS / name / "initial_params.npz"))
     bundle = tmp_path / "bundle"
     assert main(["train-step", str(directory), "--bundle", str(bundle), "--data", str(tmp_path / "data.npz"),
-                 "--params", str(directory / "initial_params.npz"), "--steps", str(STEPS),
+                 "--params", str(ARTIFACTS / name / "initial_params.npz"), "--steps", str(STEPS),
                  "--lr", str(meta["learning_rate"])]) == 0
     got = _browser_run(bundle, tmp_path)
     losses, final = train(directory, data, STEPS, params=params, learning_rate=meta["learning_rate"])
     np.testing.assert_allclose(got["losses"], losses, rtol=1e-4)
-    curve = json.loads((directory / "api_curve.json").read_text())["loss"]  # onnxruntime-training's own
+    curve = json.loads((ARTIFACTS / name / "api_curve.json").read_text())["loss"]  # onnxruntime-training's own
     np.testing.assert_allclose(got["losses"], curve, rtol=1e-4)
     for p, value in final.items():
         np.testing.assert_allclose(np.asarray(got["params"][p], np.float64), value.reshape(-1), rtol=1e-4,

@@ -488,6 +488,14 @@ def test_reductions_axes_attribute(op):
     check(through(["N", 3, 4], (3, 4), [helper.make_node(op, ["h"], ["y"], axes=[1, -1], keepdims=0)], opset=17))
 
 
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reductions_runtime_axes(op, keepdims):
+    """Axes fed at run time (a graph input): Unsqueeze by the same axes, the mean's count from the sizes."""
+    check(through(["N", 3, 4], (3, 4), [helper.make_node(op, ["h", "ax"], ["y"], keepdims=keepdims)], opset=18,
+                  extra_data={"ax": (i64([-1, 0]), [2])}))
+
+
 def test_reduce_max_ties_share_evenly():
     """Ties share dY evenly (torch's amax): a parameter of equal entries gets dY / 3 in each."""
     case = Case([helper.make_node("ReduceMax", ["w"], ["y"], axes=[1], keepdims=0)],

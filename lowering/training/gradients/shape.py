@@ -369,8 +369,16 @@ def trilu(ctx: GradientContext) -> None:
 
 # -- reductions ------------------------------------------------------------------------------------
 
+def _runtime_axes(ctx: GradientContext) -> str | None:
+    """The axes input of a reduction when it is computed at run time (not a constant), else None."""
+    if ctx.attr("axes") is None and len(ctx.node.input) > 1 and ctx.x(1) and ctx.f.constant(ctx.x(1)) is None:
+        return ctx.x(1)
+    return None
+
+
 def _reduce_axes(ctx: GradientContext) -> list[int] | None:
-    """The reduced axes (normalised, sorted) of a reduction node, or None for all axes."""
+    """The reduced axes (normalised, sorted) of a reduction node, or None for all axes (the axes must not be a
+    run-time input: see :func:`_runtime_axes`)."""
     f = ctx.f
     rank = f.rank(ctx.x(0))
     axes = ctx.attr("axes")
@@ -395,6 +403,9 @@ def _kept(ctx: GradientContext, value: str) -> str:
     them: it broadcasts against the input."""
     if ctx.attr("keepdims", 1):
         return value
+    runtime = _runtime_axes(ctx)
+    if runtime is not None:  # Unsqueeze counts negative axes from the back of its output: the input's rank
+        return ctx.f.node1("Unsqueeze", [value, runtime])
     axes = _reduce_axes(ctx)
     if axes is None:  # every axis reduced: a scalar, which broadcasts as it is
         return value
@@ -416,8 +427,8 @@ def reduce_mean(ctx: GradientContext) -> None:
     f = ctx.f
     x = ctx.x(0)
     shape = f.static_shape(x)
-    axes = _reduce_axes(ctx)
-    if shape is not None:
+    axes = _reduce_axes(ctx) if _runtime_axes(ctx) is None else None
+    if shape is not None and _runtime_axes(ctx) is None:
         count = int(np.prod([shape[a] for a in (range(len(shape)) if axes is None else axes)], dtype=np.int64))
         scale = f.const(np.asarray(count, f.np_dtype(x)), hint="reduce_count")
     else:
@@ -430,8 +441,13 @@ def _reduce_extreme(ctx: GradientContext) -> None:
     """ReduceMax/ReduceMin: dY goes to the positions that equal the result, shared evenly among ties."""
     f, x = ctx.f, ctx.x(0)
     hit = f.node1("Cast", [f.node1("Equal", [x, _kept(ctx, ctx.y(0))])], to=f.elem_type(x))
-    axes = _reduce_axes(ctx)
-    ties = f.reduce("ReduceSum", hit, axes, keepdims=1) if axes != [] else None
+    runtime = _runtime_axes(ctx)
+    if runtime is not None:
+        ties = f.node1("ReduceSum", [hit, runtime], keepdims=1,
+                       noop_with_empty_axes=int(ctx.attr("noop_with_empty_axes", 0)))
+    else:
+        axes = _reduce_axes(ctx)
+        ties = f.reduce("ReduceSum", hit, axes, keepdims=1) if axes != [] else None
     share = _kept(ctx, ctx.dy(0)) if ties is None else f.node1("Div", [_kept(ctx, ctx.dy(0)), ties])
     ctx.set_dx(0, f.node1("Mul", [hit, share]))
 

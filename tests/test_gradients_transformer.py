@@ -195,6 +195,15 @@ MATMUL.append(Case("matmul-symbolic-batch", _dynamic_batch, data={"xin": _rand(6
                    dims={"xin": ["N", 4, 5]}))
 
 
+def _half(case: Case, tol: float = 1e-2) -> Case:
+    """The case in float16 (computed in float16 as the forward: 1e-2 of the largest entry)."""
+    return Case(f"{case.id}-f16", case.build, opset=case.opset, data=case.data, dims=case.dims,
+                numpy_forward=case.numpy_forward, ops=case.ops, dtype=np.float16, tol=tol, shape=case.shape)
+
+
+MATMUL.append(_half(MATMUL[2]))
+
+
 @pytest.mark.parametrize("case", MATMUL, ids=lambda c: c.id)
 def test_matmul(case):
     check(case)
@@ -224,6 +233,7 @@ def _softmax(op, axis, opset):
 
 SOFTMAX = [_softmax(op, axis, opset) for op in ("Softmax", "LogSoftmax")
            for axis, opset in ((None, 17), (1, 17), (0, 13), (None, 12), (1, 12), (-1, 12))]
+SOFTMAX += [_half(SOFTMAX[0]), _half(SOFTMAX[6])]
 
 
 @pytest.mark.parametrize("case", SOFTMAX, ids=lambda c: c.id)
@@ -263,6 +273,7 @@ LAYER_NORM = [
     # gradient read the rounded values): 1e-7 relative, not float64's 1e-8
     Case("ln-2d-f64", _layer_norm(shape=(3, 5)), dtype=np.float64, tol=3e-7),
 ]
+LAYER_NORM.append(_half(LAYER_NORM[0]))
 
 
 @pytest.mark.parametrize("case", LAYER_NORM, ids=lambda c: c.id)
@@ -457,6 +468,7 @@ ELEMENTWISE = [
     Case("add-scalar-param", _binary("Add", (2, 3), ())),
     Case("sqrt-f64", _unary("Sqrt", 0.3, 2.0), dtype=np.float64),
 ]
+ELEMENTWISE += [_half(c) for c in ELEMENTWISE if c.id in ("gelu-erf", "reciprocal", "max-2-broadcast")]
 
 
 @pytest.mark.parametrize("case", ELEMENTWISE, ids=lambda c: c.id)
@@ -500,6 +512,19 @@ def test_pow_exponent_gradient_is_zero_where_the_base_is_zero():
     assert np.all(np.isfinite(grads["B"]))
     np.testing.assert_allclose(grads["B"], want, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(grads["A"][0], 0.0, atol=1e-7)
+
+
+def test_pow_exponent_parameter_of_another_type_gets_its_own_type():
+    """A float32 exponent parameter of a float64 base: its gradient is float32 (the accumulator's type)."""
+    a, b = np.array([0.5, 1.5, 2.0]), np.array([1.5, 2.0, 0.5], np.float32)
+    case = Case("pow-mixed", lambda dtype: ([helper.make_node("Pow", ["A", "B"], ["Y"])], {"A": a, "B": b}, {}, "Y"),
+                dtype=np.float64)
+    _, grads, _ = training_run(case)
+    model, _ = case.model(np.float64)
+    w = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "loss_weights"))
+    assert grads["B"].dtype == np.float32 and grads["A"].dtype == np.float64
+    np.testing.assert_allclose(grads["B"], w * a ** b.astype(np.float64) * np.log(a), rtol=1e-6)
+    np.testing.assert_allclose(grads["A"], w * b * a ** (b.astype(np.float64) - 1), rtol=1e-12)
 
 
 # -- errors -----------------------------------------------------------------------------------------------------

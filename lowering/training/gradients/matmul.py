@@ -65,6 +65,8 @@ def _reduce_batch(ctx: GradientContext, grad: str, grad_shape, like: str) -> str
             return ctx._sum_to_dynamic(grad, like)
     if not axes:
         return grad
+    if axes == list(range(lead)):  # only the leading axes like lacks: drop them
+        return f.reduce("ReduceSum", grad, axes, keepdims=0, hint="reduce_grad")
     out = f.reduce("ReduceSum", grad, axes, keepdims=1, hint="reduce_grad")
     if lead:
         static = f.static_shape(like)

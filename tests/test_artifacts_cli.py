@@ -220,3 +220,25 @@ def test_parameters_sharing_a_gradient_and_a_parameter_used_twice(tmp_path):
     got = run_model(lower_model(training), {"p": p, "q": q})
     np.testing.assert_allclose(got["p_grad"], 2 * p + q, rtol=1e-6)  # d/dp sum((p + q) p)
     np.testing.assert_allclose(got["q_grad"], p, rtol=1e-6)
+
+
+def test_forward_model_with_external_data_and_the_large_model_path(tmp_path, monkeypatch, capsys):
+    """A forward model whose weights live in an external data file is read from its path; with the 2 GB
+    protobuf limit lowered to a few bytes, the large-model code paths run (shape inference on a copy without
+    the weights, the training and eval models written with external data) and the artifacts still train."""
+    import lowering.training.artifacts as artifacts_module
+
+    path = tmp_path / "forward.onnx"
+    onnx.save(mlp(), path, save_as_external_data=True, all_tensors_to_one_file=True, location="forward.onnx.data",
+              size_threshold=0)
+    assert (tmp_path / "forward.onnx.data").stat().st_size > 0
+    monkeypatch.setattr(artifacts_module, "PROTOBUF_LIMIT", 64)
+    out = tmp_path / "art"
+    assert main(["artifacts", str(path), "-o", str(out), "--loss", "CrossEntropyLoss", "--optimizer", "SGD"]) == 0
+    assert (out / "training_model.onnx.data").exists()  # the eval model holds no initializer here
+    capsys.readouterr()
+    data = tmp_path / "data.npz"
+    np.savez(data, x=X, labels=LABELS)
+    assert main(["train", str(out), "--steps", "3", "--data", str(data), "--lr", "0.1"]) == 0
+    losses = [float(line.split()[-1]) for line in capsys.readouterr().out.splitlines() if line.startswith("step")]
+    assert abs(losses[0] - _numpy_gradients()[0]) <= 1e-5 * losses[0] and losses[-1] < losses[0]

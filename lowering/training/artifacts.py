@@ -437,36 +437,39 @@ def generate_artifacts(model: onnx.ModelProto | str | os.PathLike, requires_grad
 
 
 def write_artifacts(artifacts: Artifacts, directory: Path, prefix: str = "") -> list[Path]:
-    """Write the files atomically (all or none: a failure leaves no partial file behind)."""
-    from lowering.modelio import write_atomic  # noqa: PLC0415
+    """Write the files all or none: into a temporary folder beside them first, then moved into place (a
+    failure leaves no partial file behind and the directory's old files untouched). A training or eval model
+    beyond protobuf's 2 GB limit is written with its tensors in ``<file>.data`` beside it."""
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
 
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OplowerError(f"{directory}: cannot create the artifact directory: {exc.strerror or exc}") from None
-    files: list[tuple[Path, bytes]] = []
-    for name, m in (("training_model.onnx", artifacts.training), ("eval_model.onnx", artifacts.eval),
-                    ("optimizer_model.onnx", artifacts.optimizer)):
-        if m is None:
-            continue
-        if m.ByteSize() >= PROTOBUF_LIMIT:
-            files.append((directory / f"{prefix}{name}", b""))  # written with external data below
-        else:
-            files.append((directory / f"{prefix}{name}", m.SerializeToString()))
-    files.append((directory / f"{prefix}checkpoint", encode_checkpoint(artifacts.checkpoint)))
-    written: list[Path] = []
+    staging = Path(tempfile.mkdtemp(prefix=".oplower-artifacts-", dir=directory))
     try:
-        for path, data in files:
-            if data:
-                write_atomic(path, data)
+        names: list[str] = []
+        for name, model in (("training_model.onnx", artifacts.training), ("eval_model.onnx", artifacts.eval),
+                            ("optimizer_model.onnx", artifacts.optimizer)):
+            if model is None:
+                continue
+            target = staging / f"{prefix}{name}"
+            if model.ByteSize() >= PROTOBUF_LIMIT and len(model.graph.initializer):
+                model = copy.deepcopy(model)  # save_model moves the tensors out of the proto it is given
+                onnx.save_model(model, str(target), save_as_external_data=True, all_tensors_to_one_file=True,
+                                location=f"{target.name}.data", size_threshold=0)
+                names.append(f"{target.name}.data")
             else:
-                model = {"training_model.onnx": artifacts.training, "eval_model.onnx": artifacts.eval}[
-                    path.name[len(prefix):]]
-                onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                                location=f"{path.name}.data", size_threshold=1024)
-            written.append(path)
-    except BaseException:
-        for path in written:
-            path.unlink(missing_ok=True)
-        raise
-    return written
+                target.write_bytes(model.SerializeToString())
+            names.append(target.name)
+        (staging / f"{prefix}checkpoint").write_bytes(encode_checkpoint(artifacts.checkpoint))
+        names.append(f"{prefix}checkpoint")
+        names = [n for n in names if (staging / n).exists()]
+        for name in names:
+            os.replace(staging / name, directory / name)
+    except OSError as exc:
+        raise OplowerError(f"{directory}: cannot write the artifacts: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [directory / n for n in names if not n.endswith(".data")]

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from lowering.training.gradients.context import FLOAT_TYPES, ForwardContext, GradientContext
+from lowering.training.gradients.context import FLOAT_TYPES, ForwardContext, GradientContext, GradientError
 from lowering.training.gradients.registry import gradient_rule
 
 MS = "com.microsoft"
@@ -140,8 +140,6 @@ def _concat_training(node: onnx.NodeProto, f: ForwardContext) -> list[onnx.NodeP
     if f.elem_type(node.output[0]) not in FLOAT_TYPES:
         return None
     if len(node.input) > len(VARIADIC):
-        from lowering.training.gradients.context import GradientError  # noqa: PLC0415
-
         raise GradientError(f"node {node.name or node.output[0]!r} (Concat): more than {len(VARIADIC)} inputs")
     lengths = f.fresh(f"{node.output[0]}_per_input_length")
     f.set_type(lengths, INT64, [len(node.input)])

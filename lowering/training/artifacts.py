@@ -323,7 +323,7 @@ def _verify(training: onnx.ModelProto) -> None:
     from opdef.model_verify import InvalidNodes, verify_model  # noqa: PLC0415
 
     try:
-        verify_model(training)
+        verify_model(_inference_copy(training))  # the weights' types suffice (and a >2 GB model cannot be inferred)
     except (VerificationError, InvalidNodes) as exc:
         raise OplowerError(f"the generated training model fails verification (a gradient rule's bug, please report "
                            f"it): {exc}") from None

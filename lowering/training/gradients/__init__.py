@@ -1,13 +1,13 @@
 """Gradient rules, one module per op family (like ``lowering/rules``); importing the package registers them.
 
-- ``elementwise`` -- Add, Sub, Mul, Div, Pow, Sqrt, Exp, Log, Neg, Abs, Erf, Sigmoid, Relu, Cast, Identity, Where,
-  Sum, Max/Min...;
+- ``elementwise`` -- Add, Sub, Mul, Div, Pow, Sqrt, Exp, Log, Neg, Abs, Erf, Sigmoid, Relu, Cast, Identity, Sum,
+  Max/Min...;
 - ``activation`` -- Clip, LeakyRelu, Tanh, HardSigmoid, HardSwish, Elu, Softplus...;
 - ``matmul`` -- MatMul, Gemm;
 - ``conv`` -- Conv, MaxPool, AveragePool, GlobalAveragePool;
 - ``normalization`` -- BatchNormalization, LayerNormalization, Softmax, LogSoftmax, Dropout;
-- ``shape`` -- Reshape, Flatten, Transpose, Unsqueeze, Squeeze, Concat, Split, Slice, Expand, Gather, ReduceMean,
-  ReduceSum...;
+- ``shape`` -- Reshape, Flatten, Transpose, Unsqueeze, Squeeze, Concat, Split, Slice, Expand, Gather, Where, Tile,
+  Pad, CumSum, Trilu, ReduceMean, ReduceSum and the other reductions...;
 - ``recurrent`` -- LSTM, GRU;
 - ``loss`` -- SoftmaxCrossEntropyLoss (the loss blocks' own ops).
 """

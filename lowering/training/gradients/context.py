@@ -225,7 +225,10 @@ class GradientContext:
             return grad
         out = f.reduce("ReduceSum", grad, axes, keepdims=1, hint="reduce_grad")
         if lead:
-            out = f.node1("Reshape", [out, f.node1("Shape", [like])])
+            static = f.static_shape(like)
+            shape = f.const(np.asarray(static, np.int64), hint="shape") if static is not None else \
+                f.node1("Shape", [like])
+            out = f.node1("Reshape", [out, shape])
         return out
 
     def _sum_to_dynamic(self, grad: str, like: str) -> str:

@@ -242,3 +242,22 @@ def test_forward_model_with_external_data_and_the_large_model_path(tmp_path, mon
     assert main(["train", str(out), "--steps", "3", "--data", str(data), "--lr", "0.1"]) == 0
     losses = [float(line.split()[-1]) for line in capsys.readouterr().out.splitlines() if line.startswith("step")]
     assert abs(losses[0] - _numpy_gradients()[0]) <= 1e-5 * losses[0] and losses[-1] < losses[0]
+
+
+def test_several_forward_outputs(tmp_path):
+    """With a loss block, only the first output is the scores (onnxruntime-training would take a second output as
+    its labels); with no loss block, the other outputs stay outputs after the loss, as onnxruntime-training keeps
+    them; additional outputs follow."""
+    model = mlp()
+    model.graph.output.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, None))
+    generate_artifacts(model, loss=LossType.CrossEntropyLoss, optimizer=OptimType.SGD,
+                       artifact_directory=tmp_path / "a", additional_output_names=["h"])
+    training = onnx.load(tmp_path / "a" / "training_model.onnx")
+    assert [i.name for i in training.graph.input][:2] == ["x", "labels"]
+    assert [o.name for o in training.graph.output][1:2] == ["h"]
+    loss_model = mlp(extra_nodes=[helper.make_node("ReduceMean", ["scores"], ["loss"], keepdims=0)])
+    loss_model.graph.output.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, None))
+    generate_artifacts(loss_model, loss=None, optimizer=OptimType.SGD, artifact_directory=tmp_path / "b")
+    for file in ("training_model.onnx", "eval_model.onnx"):
+        outputs = [o.name for o in onnx.load(tmp_path / "b" / file).graph.output]
+        assert outputs[:2] == ["loss", "r"], file

@@ -229,6 +229,13 @@ def _build(model, requires_grad, frozen_params, loss, optimizer, additional_outp
     del base.graph.input[:]
     base.graph.input.extend(data_inputs)
     outputs = _forward_outputs(base, loss_input_names)
+    # onnxruntime-training hands every forward output to the loss block, so a second output would become its
+    # labels; oplower's block reads the first output only (``loss_input_names`` names the labels explicitly).
+    # With no loss block the model's other outputs stay outputs after the loss, as there.
+    if loss is not None and not loss_input_names:
+        outputs = outputs[:1]
+    extra_outputs = list(outputs[1:]) if loss is None else []
+    additional_output_names = extra_outputs + [n for n in additional_output_names or () if n not in extra_outputs]
     if not outputs:
         raise ArtifactError("the forward model has no output")
     _, inferred = _types(base)

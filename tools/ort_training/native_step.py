@@ -205,7 +205,8 @@ def time_generate(directory: Path) -> dict:
     meta.json's parameters, CrossEntropyLoss and AdamW, into a temporary directory. Timed: the call alone (it
     writes the four files); not timed: the imports (``onnxruntime.training`` imports torch), loading the forward
     model and ``patch_forward`` (the by-hand fixes generate_artifacts needs). A fresh process per run
-    (``--runs``): the first call in a process is what a user's script pays."""
+    (``--runs``): the first call in a process is what a user's script pays; ``second_ms`` times a second call
+    in the same process."""
     import tempfile
 
     start = time.perf_counter()
@@ -218,14 +219,17 @@ def time_generate(directory: Path) -> dict:
     imported = time.perf_counter() - start
     meta = json.loads((directory / "meta.json").read_text())
     fwd = patch_forward(onnx.load(directory / "forward_model.onnx"))
-    with tempfile.TemporaryDirectory() as work:
-        start = time.perf_counter()
-        artifacts.generate_artifacts(fwd, requires_grad=meta["trainable_params"], frozen_params=meta["frozen_params"],
-                                     loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW,
-                                     artifact_directory=work)
-        ms = (time.perf_counter() - start) * 1e3
-        sizes = {f.name: f.stat().st_size for f in Path(work).iterdir()}
-    return {"side": "onnxruntime-training", "ms": ms, "import_ms": imported * 1e3, "files": sizes}
+    times = []
+    for _ in range(2):  # the first call (what a script pays) and a second one in the same process
+        with tempfile.TemporaryDirectory() as work:
+            start = time.perf_counter()
+            artifacts.generate_artifacts(fwd, requires_grad=meta["trainable_params"],
+                                         frozen_params=meta["frozen_params"], loss=artifacts.LossType.CrossEntropyLoss,
+                                         optimizer=artifacts.OptimType.AdamW, artifact_directory=work)
+            times.append((time.perf_counter() - start) * 1e3)
+            sizes = {f.name: f.stat().st_size for f in Path(work).iterdir()}
+    return {"side": "onnxruntime-training", "ms": times[0], "second_ms": times[1], "import_ms": imported * 1e3,
+            "files": sizes}
 
 
 def generate_runs(directory: Path, runs: int) -> dict:

@@ -37,8 +37,11 @@ def _forward(nodes, out: str, data: dict, params: dict, opset: int, seed: int, s
                               [numpy_helper.from_array(v.astype(np.float32), k) for k, v in params.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
-    probe = onnx.reference.ReferenceEvaluator(model).run([out], {k: v.astype(np.float32) for k, v in data.items()})[0]
-    r = weights if weights is not None else np.random.default_rng(seed + 1000).standard_normal(probe.shape)
+    if weights is None:
+        feeds = {k: v.astype(np.float32) for k, v in data.items()}
+        shape = onnx.reference.ReferenceEvaluator(model).run([out], feeds)[0].shape
+        weights = np.random.default_rng(seed + 1000).standard_normal(shape)
+    r = weights
     g = model.graph
     g.initializer.append(numpy_helper.from_array(r.astype(np.float32), "loss_weights"))
     g.node.extend([helper.make_node("Mul", [out, "loss_weights"], ["weighted"]),
@@ -179,6 +182,8 @@ def test_conv(case):
     assert [bool(o) for o in grad_node.output] == [x_grad, True] + ([True] if bias else [])
     a = {x.name: helper.get_attribute_value(x) for x in grad_node.attribute}
     assert a.get("auto_pad", b"NOTSET") in (b"NOTSET", b"VALID")
+    # dW and dB undeclared: onnxruntime-training 1.19.2's runtime leaves a declared 1-D grouped dW at zeros
+    assert not {vi.name for vi in training.graph.value_info} & set(grad_node.output[1:])
 
 
 def test_conv_without_kernel_shape_and_frozen_weight():
@@ -196,6 +201,36 @@ def test_conv_same_pad_with_dynamic_spatial_dims_is_refused():
                        symbolic={"X": ("N", 2, "H", "W")})
     with pytest.raises(GradientError, match="auto_pad SAME_UPPER needs X's spatial dims static"):
         build_artifacts(forward, ["W"], loss=None)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs", [
+    ((2, 4, 4, 5), (4, 3, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 0])),
+    ((2, 4, 3, 4), (4, 2, 2, 3), dict(strides=[2, 1], pads=[0, 1, 1, 0], dilations=[1, 2])),
+    ((3, 2, 5), (2, 3, 4), dict(strides=[3], pads=[1, 2], output_padding=[2])),
+], ids=["2d-output-padding", "dilated", "1d"])
+def test_conv_transpose(x_shape, w_shape, attrs):
+    node = helper.make_node("ConvTranspose", ["X", "W", "B"], ["Y"], kernel_shape=list(w_shape[2:]), **attrs)
+    params = {"X": rnd(*x_shape, seed=30), "W": rnd(*w_shape, seed=31, scale=0.5),
+              "B": rnd(w_shape[1] * attrs.get("group", 1), seed=32)}
+    check([node], "Y", {}, params, ops=CONV_GRAD)
+
+
+def test_conv_transpose_grouped():
+    """Groups (onnx.reference's grouped ConvTranspose is broken): the gradients equal those of the ungrouped
+    ConvTranspose with the block-diagonal kernel (which test_conv_transpose checks against finite differences)."""
+    attrs = dict(strides=[2, 1], pads=[0, 1, 1, 0], dilations=[1, 2], output_padding=[1, 0], kernel_shape=[2, 3])
+    x, w, b = rnd(2, 4, 3, 4, seed=35), rnd(4, 3, 2, 3, seed=36), rnd(6, seed=37)
+    full = np.zeros((4, 6, 2, 3))
+    full[:2, :3], full[2:, 3:] = w[:2], w[2:]
+    weights = rnd(2, 6, 6, 7, seed=38)
+    grouped = _gradients([helper.make_node("ConvTranspose", ["X", "W", "B"], ["Y"], group=2, **attrs)], "Y", {},
+                         {"X": x, "W": w, "B": b}, weights=weights)[3]
+    dense = _gradients([helper.make_node("ConvTranspose", ["X", "W", "B"], ["Y"], **attrs)], "Y", {},
+                       {"X": x, "W": full, "B": b}, weights=weights)[3]
+    np.testing.assert_allclose(grouped["X"], dense["X"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grouped["B"], dense["B"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grouped["W"], np.concatenate([dense["W"][:2, :3], dense["W"][2:, 3:]]), rtol=1e-5,
+                               atol=1e-5)
 
 
 # -- MaxPool --
@@ -382,6 +417,31 @@ def test_gradient_at_the_kinks_is_torchs(op, attrs, x, want):
         nodes = [helper.make_node(op, ["X"], ["Y"], **attrs)]
     _, _, _, grads = _gradients(nodes, "Y", {}, params, weights=np.ones(x.shape), requires=["X"])
     np.testing.assert_allclose(grads["X"], want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("op,attrs", [("Conv", dict(pads=[1, 1, 1, 1])), ("MaxPool", dict(kernel_shape=[2, 2])),
+                                      ("AveragePool", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
+                                      ("GlobalAveragePool", {}), ("HardSwish", {}), ("Elu", dict(alpha=0.5)),
+                                      ("LeakyRelu", dict(alpha=0.1)), ("Tanh", {}), ("Softplus", {})])
+def test_float16_computes_in_the_forward_type(op, attrs):
+    """An f16 forward model: its gradient graph runs in f16 and agrees with the f32 one to f16's rounding."""
+    grads = {}
+    for dtype, elem in ((np.float32, F32), (np.float16, TensorProto.FLOAT16)):
+        params = {"X": rnd(2, 3, 4, 4, seed=33, scale=2.0)} | ({"W": rnd(4, 3, 3, 3, seed=34, scale=0.3)}
+                                                               if op == "Conv" else {})
+        node = helper.make_node(op, ["X", "W"] if op == "Conv" else ["X"], ["Y"], **attrs)
+        graph = helper.make_graph([node, helper.make_node("ReduceSum", ["Y"], ["loss"], keepdims=0)], "g", [],
+                                  [helper.make_tensor_value_info("loss", elem, [])],
+                                  [numpy_helper.from_array(v.astype(dtype), k) for k, v in params.items()])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        art = build_artifacts(model, list(params), loss=None)
+        exposed_model, exposed = _exposed(art.training)
+        got = run_model(lower_model(exposed_model), {k: v.astype(dtype) for k, v in params.items()})
+        assert all(got[g].dtype == dtype for g in exposed.values())
+        grads[dtype] = {p: got[g].astype(np.float64) for p, g in exposed.items()}
+    for p, want in grads[np.float32].items():
+        assert np.max(np.abs(grads[np.float16][p] - want)) <= 2e-3 * np.max(np.abs(want)), p
 
 
 # -- a small CNN end to end: the rules together (conv, BN, ReLU6, pools, the Sum of a residual) --

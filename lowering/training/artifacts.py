@@ -297,7 +297,9 @@ def _build(model, requires_grad, frozen_params, loss, optimizer, additional_outp
     g.input.append(helper.make_tensor_value_info(LAZY_RESET, onnx.TensorProto.BOOL, [1]))
     g.output.extend([_output(types, loss_name)] + [_output(types, n) for n in additional_output_names or ()] + flags)
     _ensure_opset(training, _MS, 1)
-    _value_infos(training.graph, f.types)
+    # ConvGrad's dW and dB undeclared, as in onnxruntime-training's own graphs: its runtime (1.19.2) leaves a
+    # declared dW of a 1-D grouped ConvGrad that also computes dX at zeros
+    _value_infos(training.graph, f.types, skip={o for n in g.node if n.op_type == "ConvGrad" for o in n.output[1:]})
 
     # the eval model
     ev = onnx.ModelProto()
@@ -370,12 +372,12 @@ def _output(types: dict[str, onnx.TypeProto], name: str) -> onnx.ValueInfoProto:
     return vi
 
 
-def _value_infos(graph: onnx.GraphProto, types: dict[str, onnx.TypeProto]) -> None:
+def _value_infos(graph: onnx.GraphProto, types: dict[str, onnx.TypeProto], skip: set[str] = frozenset()) -> None:
     """The forward values' inferred types as value_info (onnxruntime-training's graphs carry them too): the
     lowering of the training ops reads static shapes from shape inference, which cannot always see through
     the custom ops in between."""
     declared = {vi.name for vi in graph.input} | {vi.name for vi in graph.output} | {t.name for t in graph.initializer}
-    produced = [o for n in graph.node for o in n.output if o and o not in declared]
+    produced = [o for n in graph.node for o in n.output if o and o not in declared and o not in skip]
     for name in dict.fromkeys(produced):
         t = types.get(name)
         if t is not None and t.HasField("tensor_type") and t.tensor_type.elem_type:

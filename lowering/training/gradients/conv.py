@@ -3,7 +3,7 @@
 As onnxruntime-training's gradient builder writes them:
 
 - Conv -> ``com.microsoft::ConvGrad(dY, X, W)`` with the forward node's attributes, one output per forward
-  input (dX, dW, dB), empty where no gradient is needed;
+  input (dX, dW, dB), empty where no gradient is needed; ConvTranspose -> Conv (dX) and ConvGrad (dW);
 - MaxPool -> default-domain ``MaxPoolGrad(dY, Indices)``: ``prepare`` gives the forward MaxPool its Indices
   output (the eval model keeps the node as it is);
 - AveragePool -> default-domain ``AveragePoolGrad(dY)`` with the forward node's attributes;
@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from lowering.training.gradients.context import ForwardContext, GradientContext
+from lowering.training.gradients.context import FLOAT_TYPES, ForwardContext, GradientContext
 from lowering.training.gradients.registry import gradient_rule
 
 MS = "com.microsoft"
@@ -103,6 +103,32 @@ def conv(ctx: GradientContext) -> None:
             ctx.set_dx(i, name)
 
 
+@gradient_rule("ConvTranspose", differentiable=(0, 1, 2))
+def conv_transpose(ctx: GradientContext) -> None:
+    """Y = ConvTranspose(X, W) is the adjoint of the Conv over Y's space with the same W and attributes: dX =
+    Conv(dY, W); dW is that Conv's weight gradient with the roles of its input and output exchanged
+    (ConvGrad(X, dY, W)'s dW); dB sums dY. onnxruntime-training's ConvTransposeGrad has no spec here: Conv
+    and ConvGrad say the same. Explicit pads (torch's export) only: output_shape and SAME padding place the
+    pads by rules runtimes disagree on."""
+    f, x, w, dy = ctx.f, ctx.x(0), ctx.x(1), ctx.dy(0)
+    attrs = _attrs(ctx.node)
+    if attrs.get("output_shape") is not None or attrs.get("auto_pad", "NOTSET") in SAME:
+        raise ctx.fail("output_shape or auto_pad SAME_*: only explicit pads are supported (torch exports those)")
+    conv_attrs = {k: v for k, v in attrs.items() if k in ("auto_pad", "dilations", "group", "kernel_shape", "pads",
+                                                          "strides")}
+    if ctx.requires(0):
+        ctx.set_dx(0, f.node1("Conv", [dy, w], f.fresh(f"{x}_grad"), **conv_attrs))
+    if ctx.requires(1):
+        dw = f.fresh(f"{w}_grad")
+        f.node("ConvGrad", [x, dy, w], ["", dw], domain=MS, **conv_attrs)
+        ctx.set_dx(1, dw)
+    if ctx.requires(2):
+        rank = f.rank(dy) or f.rank(x)
+        if rank is None:
+            raise ctx.fail("the rank of the input is unknown")
+        ctx.set_dx(2, f.reduce("ReduceSum", dy, [0, *range(2, rank)], keepdims=0))
+
+
 # -- MaxPool --
 
 def _max_pool_indices(node: onnx.NodeProto, f: ForwardContext) -> list[onnx.NodeProto] | None:
@@ -111,6 +137,8 @@ def _max_pool_indices(node: onnx.NodeProto, f: ForwardContext) -> list[onnx.Node
     ``storage_order`` cannot matter to anyone: it is dropped, so the indices are row-major."""
     if len(node.output) > 1 and node.output[1]:
         return None
+    if f.elem_type(node.input[0]) not in FLOAT_TYPES | {None}:
+        return None  # an integer MaxPool carries no gradient
     y = node.output[0]
     indices = f.fresh(f"{y}_mask")
     new = onnx.NodeProto()

@@ -394,7 +394,8 @@ def _concat_training(n: _Node, exact: bool, single_output: str) -> tuple:
 def _split_training(n: _Node, exact: bool, single_output: str) -> tuple:
     del exact
     try:
-        pieces = reference_shape.split_training(n.input("input"), n.input("split"), int(n.attribute("axis", 0)))
+        pieces = reference_shape.split_training(n.input("input"), n.input("split"), int(n.attribute("axis", 0)),
+                                                len(n.node.output))
     except ValueError as exc:
         raise n.fail(str(exc)) from None
     if len(pieces) != len(n.node.output):

@@ -115,8 +115,12 @@ def slice_grad(dy, shape, starts, ends, axes=None, steps=None) -> np.ndarray:
     dx = np.zeros(shape)
     grids = [np.arange(n) if isinstance(p, slice) else np.asarray(p, dtype=np.int64)
              for p, n in zip(index, shape, strict=True)]
-    if tuple(len(g) for g in grids) != dy.shape:
-        raise ValueError(f"dY has shape {list(dy.shape)}; the slice has shape {[len(g) for g in grids]}")
+    sliced = tuple(len(g) for g in grids)
+    if dy.shape != sliced:  # onnxruntime's kernel copies dY's elements in order into the slice (a flattened dY)
+        if dy.size != int(np.prod(sliced)):
+            raise ValueError(f"dY has shape {list(dy.shape)} ({dy.size} elements); the slice has shape "
+                             f"{list(sliced)}")
+        dy = dy.reshape(sliced)
     dx[np.ix_(*grids)] = dy
     return dx
 
@@ -128,11 +132,17 @@ def concat_training(inputs: Sequence[np.ndarray], axis: int) -> tuple[np.ndarray
     return np.concatenate(arrays, axis=axis), np.array([x.shape[axis] for x in arrays], dtype=np.int64)
 
 
-def split_training(x, split, axis: int = 0) -> list[np.ndarray]:
-    """Consecutive pieces of ``x`` along ``axis`` with the lengths ``split``."""
+def split_training(x, split, axis: int = 0, count: int | None = None) -> list[np.ndarray]:
+    """Consecutive pieces of ``x`` along ``axis`` with the lengths ``split``; an empty ``split`` cuts ``count``
+    equal pieces (onnxruntime's kernel: as many as the node has outputs)."""
     x = np.asarray(x)
     axis = _axis(axis, x.ndim)
     lengths = _ints(split)
+    if not lengths and count is not None:
+        if count < 1 or x.shape[axis] % count:
+            raise ValueError(f"split is empty and axis {axis} of size {x.shape[axis]} does not cut into {count} "
+                             "equal pieces")
+        lengths = [x.shape[axis] // count] * count
     if any(n < 0 for n in lengths) or sum(lengths) != x.shape[axis]:
         raise ValueError(f"split {lengths} does not cut axis {axis} of size {x.shape[axis]}")
     cuts = np.cumsum(lengths)[:-1]

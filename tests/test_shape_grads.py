@@ -209,9 +209,17 @@ def _sg_types(count=1, rank=3, **changes):
     return types
 
 
-def test_error_slice_grad_c1_shape_length():
-    message = _error(_sg(), _sg_types(shape=(I64, (2,))))
-    assert "shape has 2 entries; expected 3, the rank of dY" in message and "[C1]" in message
+def test_error_slice_grad_c1_shape_is_a_vector():
+    message = _error(_sg(), _sg_types(shape=(I64, (2, 1))))
+    assert "shape has shape [2,1]; expected a 1-D tensor" in message and "[C1]" in message
+
+
+def test_slice_grad_takes_a_flattened_dy():
+    """onnxruntime's kernel copies dY's elements in order into the slice: dY's rank need not be dX's."""
+    inference = verify(_sg(), _sg_types(dy=(F32, (20,))))
+    assert inference.output_types[0] == TensorType(F32, (None, None, None))
+    inference = verify(_sg(["dy", "shape", "starts", "ends"]), _sg_types(count=2, dy=(F32, (5, 4))))
+    assert inference.output_types[0] == TensorType(F32, (None, None, None))
 
 
 def test_error_slice_grad_c2_entries():
@@ -281,6 +289,17 @@ def test_split_training_infers_every_output():
     assert inference.output_types == (TensorType(F16, ("B", 6, None)),) * 3
 
 
+def test_split_training_empty_split_cuts_equal_pieces():
+    """onnxruntime's kernel reads an empty ``split`` as equal pieces, one per output."""
+    inference = verify(_st(3, axis=1), {"x": (F32, ("B", 6)), "split": (I64, (0,))})
+    assert inference.output_types == (TensorType(F32, ("B", 2)),) * 3
+    inference = verify(_st(2), {"x": (F32, ("N", 6)), "split": (I64, (0,))})
+    assert inference.output_types == (TensorType(F32, (None, 6)),) * 2
+    message = _error(_st(4, axis=1), {"x": (F32, (2, 6)), "split": (I64, (0,))})
+    assert "split is empty (equal pieces) and axis 1 of input [2,6] has 6 entries, not a multiple of the 4 outputs" \
+        in message and "[C3]" in message
+
+
 # -- lowering against the float64 reference ------------------------------------------------------------------
 
 def _lowered(model, target, opset_ops=None):
@@ -342,10 +361,13 @@ GG_CASES = {
 }
 
 
-def slice_grad_case(dx_shape, starts, ends, axes=None, steps=None, elem=F32, index_type=I64, opset=17):
+def slice_grad_case(dx_shape, starts, ends, axes=None, steps=None, elem=F32, index_type=I64, opset=17, flat=False):
+    """``flat``: dY arrives flattened to 1-D (onnxruntime's kernel copies its elements in order into the slice)."""
     starts, ends = np.array(starts, NP[index_type]), np.array(ends, NP[index_type])
     dy = rand(ref.slice_forward(np.zeros(dx_shape), starts, ends, axes, steps).shape, elem)
     want = ref.slice_grad(dy, np.array(dx_shape), starts, ends, axes, steps)
+    if flat:
+        dy = dy.reshape(-1)
     names, inputs = ["dy", "shape", "starts", "ends"], [("dy", elem, list(dy.shape)), ("shape", I64, [len(dx_shape)]),
                                                         ("starts", index_type, [len(starts)]),
                                                         ("ends", index_type, [len(ends)])]
@@ -368,6 +390,11 @@ SG_CASES = {
     "steps_int32_f16": ((5, 6), [1], [6], [1], [2], F16, I32),
     "two_axes_f64_bf": ((3, 4, 5), [0, 1], [2, -1], [2, 0], [1, 1], F64, I64),
     "bf16_empty_slice": ((4, 3), [3], [1], [0], None, BF16, I64),
+    "flat_dy_steps": ((2, 4), [1, 0], [2, 3], [0, 1], [1, 2], F32, I64),
+    "flat_dy_negative_steps_clamped_int32_f64": ((4, 7, 3), [-1, 100, 0], [-100, -6, 3], [0, -2, 2], [-2, -3, 1],
+                                                 F64, I32),
+    "flat_dy_no_axes_no_steps_f16": ((5, 3, 2), [1, -2], [1000, 3], None, None, F16, I64),
+    "flat_dy_empty_slice": ((4, 3), [3], [1], [0], None, F32, I64),
 }
 
 
@@ -390,9 +417,12 @@ CT_CASES = {
 
 
 def split_case(shape, split, axis=0, elem=F32, opset=17, wanted=None):
+    """``split`` a list of lengths, or an int: that many equal pieces from an empty ``split``."""
     x = rand(shape, elem)
-    pieces = ref.split_training(x, split, axis)
-    names = [f"y{i}" if wanted is None or i in wanted else "" for i in range(len(split))]
+    count = split if isinstance(split, int) else len(split)
+    split = [] if isinstance(split, int) else split
+    pieces = ref.split_training(x, split, axis, count)
+    names = [f"y{i}" if wanted is None or i in wanted else "" for i in range(count)]
     node = helper.make_node("SplitTraining", ["x", "split"], names, domain=MS, name="st", axis=axis)
     outputs = [(n, elem, list(p.shape)) for n, p in zip(names, pieces, strict=True) if n]
     model = one_node_model(node, [("x", elem, list(shape)), ("split", I64, [len(split)])], outputs, opset)
@@ -405,6 +435,8 @@ ST_CASES = {
     "three_axis_minus1_empty_piece_f64": ((2, 6), [1, 0, 5], -1, F64, None),
     "first_output_omitted_f16": ((5, 2), [2, 3], 0, F16, {1}),
     "bf16": ((4, 2), [1, 3], 0, BF16, None),
+    "empty_split_equal_pieces": ((2, 6, 3), 3, 1, F32, None),
+    "empty_split_axis_minus1_last_omitted_f64": ((2, 4), 2, -1, F64, {0}),
 }
 
 
@@ -413,17 +445,18 @@ CASES = {  # name -> (builder taking the opset, element type)
        for k, (a, b, e, kw) in FMM_CASES.items()},
     **{f"gg_{k}": (lambda opset, s=s, i=i, ax=ax, e=e, t=t: gather_grad_case(s, i, ax, e, t, opset), e)
        for k, (s, i, ax, e, t) in GG_CASES.items()},
-    **{f"sg_{k}": (lambda opset, d=d, s=s, en=en, ax=ax, st=st, e=e, t=t: slice_grad_case(d, s, en, ax, st, e, t,
-                                                                                         opset), e)
+    **{f"sg_{k}": (lambda opset, d=d, s=s, en=en, ax=ax, st=st, e=e, t=t, k=k:
+                   slice_grad_case(d, s, en, ax, st, e, t, opset, k.startswith("flat_")), e)
        for k, (d, s, en, ax, st, e, t) in SG_CASES.items()},
     **{f"ct_{k}": (lambda opset, s=s, ax=ax, e=e, ln=ln: concat_case(s, ax, e, ln, opset), e)
        for k, (s, ax, e, ln) in CT_CASES.items()},
     **{f"st_{k}": (lambda opset, s=s, sp=sp, ax=ax, e=e, w=w: split_case(s, sp, ax, e, opset, w), e)
        for k, (s, sp, ax, e, w) in ST_CASES.items()},
 }
-# bf16 is no type of the default domain before opset 13: those cases run at opset 17 only
+# bf16 is no type of the default domain before opset 13, and an empty slice needs Reshape's allowzero (opset 14):
+# those cases run at opset 17 only
 LOWERING_RUNS = [(c, t, o) for c in sorted(CASES) for t in TARGETS for o in (12, 17)
-                 if not (o == 12 and CASES[c][1] == BF16)]
+                 if not (o == 12 and (CASES[c][1] == BF16 or c.endswith("empty_slice")))]
 
 
 @pytest.mark.parametrize("case, target, opset", LOWERING_RUNS)
@@ -467,8 +500,9 @@ def _run_openvino(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
 
 # tract 0.23 wants every Reshape's shape known when it loads the model: GatherGrad's and SliceGrad's come from
 # their shape input, a graph input here (below: from a Shape node, which it folds); and it fails on a Slice whose
-# bounds are run-time values (SplitTraining's)
-TRACT_REFUSALS = {"gg_": "shape input is variable", "sg_": "shape input is variable", "st_": "SymbolScope"}
+# bounds are run-time values (SplitTraining's; an empty split of a static axis gives constant bounds, which it runs)
+TRACT_REFUSALS = {"gg_": "shape input is variable", "sg_": "shape input is variable", "st_": "SymbolScope",
+                  "st_empty_split": None}
 
 
 @pytest.mark.parametrize("runtime", ["openvino", "tract", "reference"])
@@ -478,7 +512,7 @@ def test_portable_forms_run_in_other_runtimes(case, runtime, tmp_path):
     lowered, _ = _lowered(model, "portable")
     refusal = _refusal(runtime, elem)
     if refusal is None and runtime == "tract":
-        refusal = TRACT_REFUSALS.get(case[:3])
+        refusal = TRACT_REFUSALS.get(case[:14], TRACT_REFUSALS.get(case[:3]))
     if refusal is not None:
         with pytest.raises(Exception, match=refusal):
             run_in(runtime, lowered, feeds, tmp_path)
@@ -590,6 +624,86 @@ def test_fused_matmul_lowering_is_transpose_matmul_mul():
                                                                                    "Mul"]
     model, _, _, _ = fused_matmul_case((3, 4), (4, 5))
     assert [n.op_type for n in _lowered(model, "onnxruntime")[0].graph.node] == ["MatMul"]
+
+
+# -- onnxruntime's own unit tests of the two kernels (orttraining/.../cpu/tensor/slice_grad_op_test.cc and
+# -- split_op_test.cc): each input and expected output as those tests state them, lowered for both targets
+
+INT64_MAX = np.iinfo(np.int64).max
+ORT_SLICE_GRAD_TESTS = {  # name: (dY shape, dY, shape, starts, ends, axes, steps, dX)
+    "basic (dY flattened)": ((2,), [5, 7], [2, 4], [1, 0], [2, 3], [0, 1], [1, 2], [0, 0, 0, 0, 5, 0, 7, 0]),
+    "blockcopy": ((2, 4), range(1, 9), [2, 4], [0, 0], [2, 4], [0, 1], [1, 1], range(1, 9)),
+    "coalesce 1": ((1, 1, 2, 2), [1, 2, 3, 4], [2, 2, 2, 2], [1, 1], [0, 2], [0, 1], [-1, 1], [0] * 12 + [1, 2, 3, 4]),
+    "coalesce 2": ((1, 2, 1, 2, 2), range(1, 9), [1, 2, 2, 2, 2], [1], [INT64_MAX], [2], [1],
+                   [0, 0, 0, 0, 1, 2, 3, 4, 0, 0, 0, 0, 5, 6, 7, 8]),
+    "coalesce 3": ((1, 1, 2, 1, 2), [1, 2, 3, 4], [1, 2, 2, 2, 2], [1, 1], [INT64_MAX, 2], [1, 3], [1, 1],
+                   [0] * 10 + [1, 2, 0, 0, 3, 4]),
+    "coalesce 4": ((1, 1, 1), [1], [1, 1, 1], [0], [INT64_MAX], [1], [1], [1]),
+}
+
+
+@pytest.mark.parametrize("elem", [F32, F64])
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", sorted(ORT_SLICE_GRAD_TESTS))
+def test_onnxruntime_slice_grad_unit_tests(case, target, elem):
+    dy_shape, dy, shape, starts, ends, axes, steps, dx = ORT_SLICE_GRAD_TESTS[case]
+    names = ("dy", "shape", "starts", "ends", "axes", "steps")
+    feeds = dict(zip(names, [np.array(list(dy), NP[elem]).reshape(dy_shape),
+                             *(np.array(v, np.int64) for v in (shape, starts, ends, axes, steps))], strict=True))
+    model = one_node_model(_sg(names), [(n, elem if n == "dy" else I64, list(v.shape)) for n, v in feeds.items()],
+                           [("dx", elem, list(shape))])
+    got = run_model(_lowered(model, target)[0], feeds)["dx"]
+    assert got.dtype == NP[elem] and got.tolist() == np.array(list(dx), NP[elem]).reshape(shape).tolist()
+
+
+@pytest.mark.parametrize("opset", [12, 17])
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("split", [[], [1, 3]])
+@pytest.mark.parametrize("split_is_input", [False, True])
+def test_onnxruntime_split_training_unit_tests(split, split_is_input, target, opset):
+    """Axis0EqualSplitFloat, Axis0UnequalSplitFloat and their _not_initializer variants: x [4, 2], axis 0."""
+    x = np.arange(1, 9, dtype=np.float32).reshape(4, 2)
+    lengths = split or [2, 2]
+    node = helper.make_node("SplitTraining", ["x", "split"], ["y0", "y1"], domain=MS, name="st", axis=0)
+    outputs = [("y0", F32, [lengths[0], 2]), ("y1", F32, [lengths[1], 2])]
+    split_value = np.array(split, np.int64)
+    if split_is_input:
+        model, feeds = one_node_model(node, [("x", F32, [4, 2]), ("split", I64, [len(split)])], outputs, opset), \
+            {"x": x, "split": split_value}
+    else:
+        model, feeds = one_node_model(node, [("x", F32, [4, 2])], outputs, opset), {"x": x}
+        model.graph.initializer.append(onnx.numpy_helper.from_array(split_value, "split"))
+    got = run_model(_lowered(model, target)[0], feeds)
+    assert got["y0"].tolist() == x[:lengths[0]].tolist() and got["y1"].tolist() == x[lengths[0]:].tolist()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_split_training_equal_pieces_of_a_symbolic_axis_and_a_split_of_unknown_length(target):
+    """The equal length from the run-time shape; a ``split`` whose length the graph does not state is used as
+    given, or read as equal pieces when it arrives empty."""
+    x = rand((6, 2))
+    for split_shape in ([0], ["k"]):
+        node = helper.make_node("SplitTraining", ["x", "split"], ["y0", "y1", "y2"], domain=MS, name="st")
+        model = one_node_model(node, [("x", F32, ["N", 2]), ("split", I64, split_shape)],
+                               [(f"y{i}", F32, [None, 2]) for i in range(3)])
+        lowered, _ = _lowered(model, target)
+        for split in ([], [1, 2, 3]) if split_shape == ["k"] else ([],):
+            got = run_model(lowered, {"x": x, "split": np.array(split, np.int64)})
+            for i, piece in enumerate(ref.split_training(x, split, 0, 3)):
+                assert got[f"y{i}"].tolist() == piece.tolist(), (split_shape, split, i)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_slice_grad_flattened_dy_of_unknown_rank_and_shape_length(target):
+    """dY of unknown rank and a ``shape`` of unstated length: the slice's shape from starts, ends and steps."""
+    x_shape, starts, ends, axes, steps = (3, 4, 5), [2, -1], [0, 1], [-1, 1], [-1, -2]
+    dy = rand(ref.slice_forward(np.zeros(x_shape), starts, ends, axes, steps).shape)
+    feeds = {"dy": dy.reshape(-1), "shape": np.array(x_shape), "starts": np.array(starts), "ends": np.array(ends),
+             "axes": np.array(axes), "steps": np.array(steps)}
+    model = one_node_model(_sg(), [("dy", F32, None), ("shape", I64, ["r"])] +
+                           [(n, I64, [2]) for n in ("starts", "ends", "axes", "steps")], [("dx", F32, None)])
+    got = run_model(lower_model(model, target=target), feeds)["dx"]  # (the checker wants dY's rank stated)
+    close(got, ref.slice_grad(dy, x_shape, starts, ends, axes, steps), F32, target)
 
 
 # -- what the lowering needs to know ----------------------------------------------------------------------

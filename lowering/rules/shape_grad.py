@@ -14,10 +14,13 @@ FusedMatMul, GatherGrad, SliceGrad, ConcatTraining, SplitTraining.
   Slice does, then start + step * Range(n), n being dY's length there) receive dY's slices: a ScatterND
   (no reduction: the positions are distinct) for onnxruntime, the one-hot MatMul for portable. ``ends`` is
   not needed: dY's length on the axis is the slice's. Everything is computed from the run-time values of
-  ``shape``, ``starts``, ``axes`` and ``steps``; only their number of entries must be known.
+  ``shape``, ``starts``, ``axes`` and ``steps``; only their number of entries must be known. A dY of another
+  rank than ``shape``'s length (flattened: onnxruntime's kernel copies dY's elements in order into the slice) is
+  first reshaped to the slice's shape, computed from ``ends`` too.
 - ConcatTraining: Concat, and the per-input lengths from each input's Shape (a Constant when static).
 - SplitTraining: onnxruntime target from opset 13: one Split with the run-time ``split``; otherwise one Slice
-  per output, its offsets summed from ``split`` (ReduceSum of a prefix).
+  per output, its offsets summed from ``split`` (ReduceSum of a prefix). An empty ``split`` cuts equal pieces,
+  one per output, as onnxruntime's kernel does (a constant ``split`` where the axis is static).
 
 f16/bf16 data are computed in f32 and rounded once; f64 stays f64.
 """
@@ -212,23 +215,19 @@ def lower_slice_grad(b: NodeBuilder, request: LoweringRequest) -> None:
             value = b.op1("Cast", [value], to=TensorProto.INT64)
         return value
 
-    starts, axes, steps = entries("starts"), entries("axes"), entries("steps")
+    starts, ends, axes, steps = entries("starts"), entries("ends"), entries("axes"), entries("steps")
     if axes is not None:  # a negative axis counts from the back: add the rank (the length of shape)
         axes = b.op1("Where", [b.op1("Less", [axes, e.ints(0, "zero")]), b.op1("Add", [axes, b.op1("Shape", [shape])]),
                                axes])
     current = e.up(request.input("dY"), io)
-    rank = _rank(request, "dY") if _rank(request, "dY") is not None else _static_length(request, "shape")
+    rank = _static_length(request, "shape")
     if count == 0:
-        e.finish("Identity", [current], out, io)
+        e.finish("Reshape", [current, shape], out, io)  # nothing sliced: dY is X's gradient (perhaps flattened)
         return
-    scatter = request.options.target == "onnxruntime"
-    for j in range(count):
+    sliced_axes = []
+    for j in range(count):  # each sliced axis: (axis, its size D, step, the first position read)
         axis = j if axes is None else _piece(b, e, axes, j, j + 1)
-        after = j + 1 if axes is None else b.op1("Add", [axis, e.ints([1], "one")])
-        dims = b.op1("Shape", [current])
-        outer = e.ints([1], "one") if axis == 0 else _product(b, e, _piece(b, e, dims, 0, axis))
-        inner = _product(b, e, _piece(b, e, dims, after, INT64_MAX))
-        size, length = _entry(b, e, shape, axis), _entry(b, e, dims, axis)
+        size = _entry(b, e, shape, axis)
         step = e.ints([1], "one") if steps is None else _piece(b, e, steps, j, j + 1)
         start = _piece(b, e, starts, j, j + 1)
         start = b.op1("Where", [b.op1("Less", [start, e.ints(0, "zero")]), b.op1("Add", [start, size]), start])
@@ -236,6 +235,18 @@ def lower_slice_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         highest = size if steps is None else b.op1("Where", [b.op1("Greater", [step, e.ints(0, "zero")]), size,
                                                              b.op1("Sub", [size, e.ints([1], "one")])])
         start = b.op1("Min", [b.op1("Max", [start, e.ints([0], "zero_1d")]), highest])
+        sliced_axes.append((j, axis, size, step, start))
+    if rank is None or _rank(request, "dY") != rank:
+        # dY arrives flattened (or of unknown rank): onnxruntime's kernel copies its elements in order into the
+        # slice, so it is viewed as the slice's shape, computed from starts, ends and steps as ONNX Slice does
+        current = _reshape(b, current, _slice_shape(b, e, shape, ends, steps, sliced_axes, rank))
+    scatter = request.options.target == "onnxruntime"
+    for j, axis, size, step, start in sliced_axes:
+        after = j + 1 if axes is None else b.op1("Add", [axis, e.ints([1], "one")])
+        dims = b.op1("Shape", [current])
+        outer = e.ints([1], "one") if axis == 0 else _product(b, e, _piece(b, e, dims, 0, axis))
+        inner = _product(b, e, _piece(b, e, dims, after, INT64_MAX))
+        length = _entry(b, e, dims, axis)
         # the length as a scalar by a ReduceSum (a Reshape to [] needs a length tract can prove to be 1)
         taken = b.op1("Range", [e.ints(0, "zero"), e.reduce("ReduceSum", length, (0,), keepdims=0),
                                 e.ints(1, "one_step")])
@@ -255,6 +266,36 @@ def lower_slice_grad(b: NodeBuilder, request: LoweringRequest) -> None:
             new_dims = b.op1("Concat", [_piece(b, e, dims, 0, axis), size, _piece(b, e, dims, after, INT64_MAX)],
                              axis=0)
             current = _reshape(b, grown, new_dims)
+
+
+def _slice_shape(b: NodeBuilder, e: Emitter, shape: str, ends: str, steps: str | None, sliced_axes: list,
+                 rank: int | None) -> str:
+    """The forward Slice's output shape: ``shape`` with each sliced axis's entry replaced by the number of
+    positions from the clamped start towards the end (normalized and clamped as ONNX Slice does: [0, D] for a
+    positive step, [-1, D - 1] for a negative one), ceil(|end - start| / |step|) or 0."""
+    ids = e.ints(list(range(rank)), "axis_ids") if rank is not None else \
+        b.op1("Range", [e.ints(0, "zero"), e.reduce("ReduceSum", b.op1("Shape", [shape]), (0,), keepdims=0),
+                        e.ints(1, "one_step")])
+    zero = e.ints([0], "zero_1d")
+    result = shape
+    for j, axis, size, step, start in sliced_axes:
+        end = _piece(b, e, ends, j, j + 1)
+        end = b.op1("Where", [b.op1("Less", [end, e.ints(0, "zero")]), b.op1("Add", [end, size]), end])
+        if steps is None:
+            length = b.op1("Max", [b.op1("Sub", [b.op1("Min", [b.op1("Max", [end, zero]), size]), start]), zero])
+        else:
+            forward = b.op1("Greater", [step, e.ints(0, "zero")])
+            lowest = b.op1("Where", [forward, zero, e.ints([-1], "minus_one")])
+            highest = b.op1("Where", [forward, size, b.op1("Sub", [size, e.ints([1], "one")])])
+            end = b.op1("Min", [b.op1("Max", [end, lowest]), highest])
+            # with |step| and the distance in the step's direction both >= 0, Div's floor is its truncation
+            stride = b.op1("Abs", [step])
+            distance = b.op1("Max", [b.op1("Where", [forward, b.op1("Sub", [end, start]), b.op1("Sub", [start, end])]),
+                                     zero])
+            length = b.op1("Div", [b.op1("Sub", [b.op1("Add", [distance, stride]), e.ints([1], "one")]), stride])
+        result = b.op1("Where", [b.op1("Equal", [ids, axis if isinstance(axis, str) else e.ints(axis, "axis_id")]),
+                                 length, result])
+    return result
 
 
 # -- ConcatTraining and SplitTraining --------------------------------------------------------------
@@ -293,14 +334,35 @@ def lower_split_training(b: NodeBuilder, request: LoweringRequest) -> None:
     if not any(outputs):
         return
     data, split = request.input("input"), request.input("split")
+    e = Emitter(b, TensorProto.FLOAT)
+    entries = _static_length(request, "split")
+    if entries != len(outputs):  # empty (equal pieces, as onnxruntime's kernel cuts), or unknown: either
+        split = _equal_split(b, e, request, data, split, axis, len(outputs), entries)
     if request.options.target == "onnxruntime" and b.opset >= SPLIT_INPUT_SINCE:
         names = [name or b.fresh("unused_piece") for name in outputs]
         b.op("Split", [data, split], names, axis=axis)
         return
-    e = Emitter(b, TensorProto.FLOAT)
     for i, name in enumerate(outputs):
         if name is None:
             continue
         start = e.ints([0], "zero_1d") if i == 0 else e.reduce("ReduceSum", _piece(b, e, split, 0, i), (0,))
         end = b.op1("Add", [start, _piece(b, e, split, i, i + 1)])
         b.op1("Slice", [data, start, end, e.ints([axis], "split_axis")], name)
+
+
+def _equal_split(b: NodeBuilder, e: Emitter, request: LoweringRequest, data: str, split: str, axis: int, count: int,
+                 entries: int | None) -> str:
+    """The lengths of ``count`` equal pieces of ``data`` along ``axis`` (a Constant when that length is static;
+    verification refused a static length that does not divide), for an empty ``split``; when ``split``'s length
+    is not static, the first ``count`` entries of ``split`` followed by the equal lengths (``split`` itself
+    unless it is empty)."""
+    t = request.inference.input_types[request.inference.schema.input_index("input")]
+    dim = None if t is None or t.shape is None else t.shape[axis]
+    if isinstance(dim, int):
+        equal = e.ints([dim // count] * count, "equal_split")
+    else:
+        length = _piece(b, e, b.op1("Shape", [data]), axis, axis + 1 if axis != -1 else INT64_MAX)
+        equal = b.op1("Expand", [b.op1("Div", [length, e.ints([count], "pieces")]), e.ints([count], "pieces")])
+    if entries == 0:
+        return equal
+    return _piece(b, e, b.op1("Concat", [split, equal], axis=0), 0, count)

@@ -142,12 +142,9 @@ def gather_grad(ctx: NodeContext) -> RuleResult:
 @register_rule("slice_grad")
 def slice_grad(ctx: NodeContext) -> RuleResult:
     dy = _shape(ctx, "dY")
+    # dX's rank is shape's length; dY has that rank too, or arrives flattened (onnxruntime's kernel copies dY's
+    # elements in order into the slice, whatever dY's shape), so dY's rank says nothing about dX's
     rank = _vector_length(ctx, "shape", ctx.constraint_label(["shape", "dY"]))
-    if rank is not None and dy is not None and rank != len(dy):
-        raise ctx.error(f"shape has {rank} entries; expected {len(dy)}, the rank of dY {format_shape(dy)}",
-                        ctx.constraint_label(["shape", "dY"]))
-    if rank is None and dy is not None:
-        rank = len(dy)
     label = ctx.constraint_label(["starts", "ends", "axes", "steps"])
     lengths = {name: _vector_length(ctx, name, label) for name in ("starts", "ends", "axes", "steps")
                if ctx.has_input(name)}
@@ -157,9 +154,9 @@ def slice_grad(ctx: NodeContext) -> RuleResult:
         raise ctx.error(f"starts, ends, axes and steps need one entry per sliced axis; they have {shown}", label)
     count = next(iter(known.values()), None)
     if count is not None and rank is not None and count > rank:
-        raise ctx.error(f"{count} sliced axes for rank {rank} (dY {format_shape(dy)})", label)
+        raise ctx.error(f"{count} sliced axes for rank {rank} (the length of shape; dY {format_shape(dy)})", label)
     dx: list[Dim] | None = None if rank is None else [None] * rank
-    if dx is not None and dy is not None and not ctx.has_input("axes") and count is not None:
+    if dx is not None and dy is not None and len(dy) == rank and not ctx.has_input("axes") and count is not None:
         dx[count:] = dy[count:]  # axes 0..count-1 are sliced, the rest taken whole
     _set(ctx, "dX", dx)
     return RuleResult(roles=bound_roles(ctx), rank=rank)
@@ -206,9 +203,17 @@ def split_training(ctx: NodeContext) -> RuleResult:
     axis = _axis(ctx, rank, ctx.constraint_label(["input", "axis"]))
     label = ctx.constraint_label(["split"], ("entry",))
     entries = _vector_length(ctx, "split", label)
-    if entries is not None and entries != len(ctx.outputs):
-        raise ctx.error(f"split has {entries} entries; expected one per output ({len(ctx.outputs)})", label)
-    out = None if shape is None else (*shape[:axis], None, *shape[axis + 1:])
+    count = len(ctx.outputs)
+    if entries is not None and entries not in (0, count):
+        raise ctx.error(f"split has {entries} entries; expected one per output ({count}), or none (equal pieces)",
+                        label)
+    piece: Dim = None
+    if entries == 0 and shape is not None and isinstance(shape[axis], int):  # equal pieces, as the kernel cuts
+        if shape[axis] % count:
+            raise ctx.error(f"split is empty (equal pieces) and axis {axis} of input {format_shape(shape)} has "
+                            f"{shape[axis]} entries, not a multiple of the {count} outputs", label)
+        piece = shape[axis] // count
+    out = None if shape is None else (*shape[:axis], piece, *shape[axis + 1:])
     for i, value in enumerate(ctx.outputs):  # every position of the variadic output
         if value is not None:
             current = ctx.output_types[i]

@@ -261,3 +261,27 @@ def test_several_forward_outputs(tmp_path):
     for file in ("training_model.onnx", "eval_model.onnx"):
         outputs = [o.name for o in onnx.load(tmp_path / "b" / file).graph.output]
         assert outputs[:2] == ["loss", "r"], file
+
+
+@pytest.mark.parametrize("batch", [4, "N"])
+def test_a_custom_loss_that_is_a_tensor_is_seeded_with_ones(batch, tmp_path):
+    """--loss none on a per-sample loss [batch] (static or symbolic): the gradient is that of its sum."""
+    model = mlp(extra_nodes=[helper.make_node("ReduceSum", ["scores"], ["per_sample"], axes=[1], keepdims=0)])
+    model.opset_import[0].version = 12  # ReduceSum's axes an attribute
+    model.graph.input[0].type.tensor_type.shape.dim[0].Clear()
+    if isinstance(batch, str):
+        model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = batch
+    else:
+        model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = batch
+    generate_artifacts(model, requires_grad=["b2"], loss=None, optimizer=OptimType.SGD, artifact_directory=tmp_path)
+    training = onnx.load(tmp_path / "training_model.onnx")
+    kept = [n for n in training.graph.node if n.op_type != "InPlaceAccumulatorV2"]
+    del training.graph.node[:]
+    training.graph.node.extend(kept)
+    del training.graph.output[:]
+    training.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in ("per_sample", "b2_grad"))
+    keep = [i for i in training.graph.input if i.name in ("x", "b2")]
+    del training.graph.input[:]
+    training.graph.input.extend(keep)
+    got = run_model(lower_model(training), {"x": X, "b2": B2})
+    np.testing.assert_allclose(got["b2_grad"], np.full(3, 4.0, np.float32))  # d sum_n sum_c (.. + b2_c) / d b2_c

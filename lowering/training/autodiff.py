@@ -113,12 +113,16 @@ def differentiate(nodes: Sequence[onnx.NodeProto], loss: str, params: Sequence[s
         raise GradientError(f"the model already has a value named {clash!r} (the name of a parameter's gradient)")
     f.taken.update(reserved.values())
     contributions: dict[str, list[str]] = {}
-    loss_grad = f"{loss}_grad"
-    f.taken.add(loss_grad)
+    # the seed: ones of the loss's shape (a scalar for every loss block; a custom loss may be a tensor)
+    loss_grad = f.fresh(f"{loss}_grad")
     elem = f.elem_type(loss) or onnx.TensorProto.FLOAT
-    shape = f.static_shape(loss) or ()
-    f.initializers.append(helper.make_tensor(loss_grad, elem, shape, np.ones(shape, helper.tensor_dtype_to_np_dtype(
-        elem)).ravel().tolist()))
+    shape = f.static_shape(loss)
+    if shape is not None:
+        f.initializers.append(helper.make_tensor(loss_grad, elem, shape, np.ones(
+            shape, helper.tensor_dtype_to_np_dtype(elem)).ravel().tolist()))
+    else:
+        f.node("ConstantOfShape", [f.node1("Shape", [loss])], [loss_grad],
+               value=helper.make_tensor("one", elem, [1], [1]))
     contributions[loss] = [loss_grad]
     summed: dict[str, str | None] = {}
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from _artifacts import gradients_exposed
 from onnx import numpy_helper
 
 from lowering.passes import lower_model
@@ -115,27 +116,6 @@ def test_inputs_and_outputs_are_onnxruntime_trainings(name, root):
     assert list(art.checkpoint.frozen) == _meta(name)["frozen_params"]
 
 
-def _gradients_exposed(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
-    """The training model without its accumulators: {parameter: its gradient, now a graph output}."""
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    graph = model.graph
-    kept, exposed = [], {}
-    for node in graph.node:
-        if (node.domain, node.op_type) == ACCUMULATOR:
-            exposed[node.input[0].removesuffix("_grad.accumulation.buffer")] = node.input[1]
-        else:
-            kept.append(node)
-    del graph.node[:]
-    graph.node.extend(kept)
-    outputs = [o for o in graph.output if not o.name.endswith(".accumulation.out")]
-    del graph.output[:]
-    graph.output.extend(outputs)
-    graph.output.extend(onnx.helper.make_empty_tensor_value_info(g) for g in exposed.values())
-    buffers = {f"{p}_grad.accumulation.buffer" for p in exposed} | {"lazy_reset_grad"}
-    inputs = [i for i in graph.input if i.name not in buffers]
-    del graph.input[:]
-    graph.input.extend(inputs)
-    return model, exposed
 
 
 _STEP1: dict[str, tuple] = {}
@@ -144,7 +124,7 @@ _STEP1: dict[str, tuple] = {}
 def step1(name: str, root: Path) -> tuple[float, dict[str, np.ndarray]]:
     if name not in _STEP1:
         _, art = made(name, root)
-        model, exposed = _gradients_exposed(art.training)
+        model, exposed = gradients_exposed(art.training)
         lowered = lower_model(model)
         left = {(n.domain, n.op_type) for n in lowered.graph.node if n.domain not in ("", "ai.onnx")}
         assert not left, f"not lowered: {left}"

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnx.reference  # before the project's modules register its schemas (DESIGN.md section 8)
 import pytest
+from _artifacts import gradients_exposed
 from onnx import TensorProto, helper, numpy_helper
 
 from lowering.passes import lower_model
@@ -71,25 +72,6 @@ def _float64(model: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
-def _exposed(training: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
-    """The training model without its accumulators: {parameter: its gradient, a graph output}."""
-    model = onnx.ModelProto.FromString(training.SerializeToString())
-    g = model.graph
-    kept, exposed = [], {}
-    for node in g.node:
-        if (node.domain, node.op_type) == ACCUMULATOR:
-            exposed[node.input[0].removesuffix("_grad.accumulation.buffer")] = node.input[1]
-        else:
-            kept.append(node)
-    del g.node[:]
-    g.node.extend(kept)
-    outputs = [o for o in g.output if not o.name.endswith(".accumulation.out")]
-    del g.output[:]
-    g.output.extend(outputs + [helper.make_empty_tensor_value_info(v) for v in exposed.values()])
-    inputs = [i for i in g.input if not i.name.endswith("_grad.accumulation.buffer") and i.name != "lazy_reset_grad"]
-    del g.input[:]
-    g.input.extend(inputs)
-    return model, exposed
 
 
 def _gradients(nodes, out, data, params, *, opset=17, seed=0, symbolic=None, weights=None, requires=None):
@@ -97,7 +79,7 @@ def _gradients(nodes, out, data, params, *, opset=17, seed=0, symbolic=None, wei
     forward = _forward(nodes, out, data, params, opset, seed, symbolic, weights)
     art = build_artifacts(forward, list(requires or params), loss=None)
     verify_model(art.training)  # oplower check: every custom node against the project's specs
-    model, exposed = _exposed(art.training)
+    model, exposed = gradients_exposed(art.training)
     lowered = lower_model(model)
     assert not [n.op_type for n in lowered.graph.node if n.domain not in ("", "ai.onnx")]
     wanted = {i.name for i in lowered.graph.input}
@@ -436,7 +418,7 @@ def test_float16_computes_in_the_forward_type(op, attrs):
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
         art = build_artifacts(model, list(params), loss=None)
-        exposed_model, exposed = _exposed(art.training)
+        exposed_model, exposed = gradients_exposed(art.training)
         got = run_model(lower_model(exposed_model), {k: v.astype(dtype) for k, v in params.items()})
         assert all(got[g].dtype == dtype for g in exposed.values())
         grads[dtype] = {p: got[g].astype(np.float64) for p, g in exposed.items()}

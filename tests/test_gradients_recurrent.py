@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from _artifacts import gradients_exposed
 from onnx import helper, numpy_helper
 
 from lowering.passes import lower_model
@@ -188,25 +189,6 @@ def _finite_differences(case, params, names, eps=1e-6) -> dict[str, np.ndarray]:
     return grads
 
 
-def _gradients_exposed(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
-    """The training model without its accumulators, each parameter's gradient a graph output."""
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    graph = model.graph
-    kept, exposed = [], {}
-    for node in graph.node:
-        if (node.domain, node.op_type) == ACCUMULATOR:
-            exposed[node.input[0].removesuffix("_grad.accumulation.buffer")] = node.input[1]
-        else:
-            kept.append(node)
-    del graph.node[:]
-    graph.node.extend(kept)
-    outputs = [o for o in graph.output if not o.name.endswith(".accumulation.out")]
-    del graph.output[:]
-    graph.output.extend(outputs + [helper.make_empty_tensor_value_info(g) for g in exposed.values()])
-    inputs = [i for i in graph.input if not i.name.endswith(".accumulation.buffer") and i.name != "lazy_reset_grad"]
-    del graph.input[:]
-    graph.input.extend(inputs)
-    return model, exposed
 
 
 def _ops(model: onnx.ModelProto) -> list[tuple[str, str]]:
@@ -232,7 +214,7 @@ def test_gradients_match_float64_finite_differences(case):
         if p in case.trainable():
             assert shapes[f"{p}_grad"] == params[p].shape, p
 
-    model, exposed = _gradients_exposed(art.training)
+    model, exposed = gradients_exposed(art.training)
     lowered = lower_model(model)
     assert not [op for d, op in _ops(lowered) if d not in ("", "ai.onnx")]
     feeds = {k: v for k, v in params.items() if k in {i.name for i in lowered.graph.input}}

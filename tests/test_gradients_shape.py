@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from _artifacts import gradients_exposed
 from onnx import TensorProto, helper, numpy_helper
 
 from lowering.passes import lower_model
@@ -111,7 +112,7 @@ class Case:
         """The training model's gradients (lowered, onnxruntime) and the training model."""
         training = self.artifacts().training
         verify_model(training)  # oplower check: every custom node against the specs
-        model, exposed = _gradients_exposed(training)
+        model, exposed = gradients_exposed(training)
         lowered = lower_model(model)
         left = {(n.domain, n.op_type) for n in lowered.graph.node if n.domain not in ("", "ai.onnx")}
         assert not left, f"not lowered: {left}"
@@ -119,25 +120,6 @@ class Case:
         return {p: out[g] for p, g in exposed.items()}, training
 
 
-def _gradients_exposed(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
-    """The training model without its accumulators, each gradient a graph output."""
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    g = model.graph
-    exposed, kept = {}, []
-    for node in g.node:
-        if (node.domain, node.op_type) == ACCUMULATOR:
-            exposed[node.input[0].removesuffix("_grad.accumulation.buffer")] = node.input[1]
-        else:
-            kept.append(node)
-    del g.node[:]
-    g.node.extend(kept)
-    outputs = [o for o in g.output if not o.name.endswith(".accumulation.out")]
-    del g.output[:]
-    g.output.extend(outputs + [helper.make_empty_tensor_value_info(v) for v in exposed.values()])
-    inputs = [i for i in g.input if not i.name.endswith("_grad.accumulation.buffer") and i.name != "lazy_reset_grad"]
-    del g.input[:]
-    g.input.extend(inputs)
-    return model, exposed
 
 
 def custom_ops(model: onnx.ModelProto) -> set[str]:

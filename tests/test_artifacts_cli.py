@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from _artifacts import gradients_exposed
 from onnx import TensorProto, helper, numpy_helper
 
 from lowering.cli import main
@@ -87,17 +88,8 @@ def test_library_writes_four_files_with_numpy_exact_gradients(forward, tmp_path)
         "w2_grad.accumulation.buffer", "b2_grad.accumulation.buffer", "lazy_reset_grad"]
     assert [o.name for o in training.graph.output][1:] == [f"{p}_grad.accumulation.out" for p in
                                                           ("w1", "b1", "w2", "b2")]
-    # gradients: cut the accumulators off (their second input is the gradient) and compare with numpy
-    accumulate = {n.input[0][: -len("_grad.accumulation.buffer")]: n.input[1] for n in training.graph.node
-                  if n.op_type == "InPlaceAccumulatorV2"}
-    kept = [n for n in training.graph.node if n.op_type != "InPlaceAccumulatorV2"]
-    del training.graph.node[:]
-    training.graph.node.extend(kept)
-    del training.graph.output[1:]
-    training.graph.output.extend(helper.make_empty_tensor_value_info(g) for g in accumulate.values())
-    keep = [i for i in training.graph.input if not i.name.endswith("buffer") and i.name != "lazy_reset_grad"]
-    del training.graph.input[:]
-    training.graph.input.extend(keep)
+    # gradients: the accumulators cut off (their second input is the gradient), compared with numpy
+    training, accumulate = gradients_exposed(training)
     got = run_model(lower_model(training), {"x": X, "labels": LABELS, "w1": W1, "b1": B1, "w2": W2, "b2": B2})
     loss, want = _numpy_gradients()
     assert abs(float(got[training.graph.output[0].name]) - loss) <= 1e-6 * abs(loss)
@@ -206,17 +198,8 @@ def test_parameters_sharing_a_gradient_and_a_parameter_used_twice(tmp_path):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     generate_artifacts(model, requires_grad=["p", "q"], loss=None, optimizer=OptimType.SGD, artifact_directory=tmp_path)
     training = onnx.load(tmp_path / "training_model.onnx")
-    grads = {n.input[0][: -len("_grad.accumulation.buffer")]: n.input[1] for n in training.graph.node
-             if n.op_type == "InPlaceAccumulatorV2"}
+    training, grads = gradients_exposed(training)
     assert grads == {"p": "p_grad", "q": "q_grad"}
-    kept = [n for n in training.graph.node if n.op_type != "InPlaceAccumulatorV2"]
-    del training.graph.node[:]
-    training.graph.node.extend(kept)
-    del training.graph.output[:]
-    training.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in ("loss", "p_grad", "q_grad"))
-    keep = [i for i in training.graph.input if i.name in ("p", "q")]
-    del training.graph.input[:]
-    training.graph.input.extend(keep)
     got = run_model(lower_model(training), {"p": p, "q": q})
     np.testing.assert_allclose(got["p_grad"], 2 * p + q, rtol=1e-6)  # d/dp sum((p + q) p)
     np.testing.assert_allclose(got["q_grad"], p, rtol=1e-6)
@@ -274,14 +257,6 @@ def test_a_custom_loss_that_is_a_tensor_is_seeded_with_ones(batch, tmp_path):
     else:
         model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = batch
     generate_artifacts(model, requires_grad=["b2"], loss=None, optimizer=OptimType.SGD, artifact_directory=tmp_path)
-    training = onnx.load(tmp_path / "training_model.onnx")
-    kept = [n for n in training.graph.node if n.op_type != "InPlaceAccumulatorV2"]
-    del training.graph.node[:]
-    training.graph.node.extend(kept)
-    del training.graph.output[:]
-    training.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in ("per_sample", "b2_grad"))
-    keep = [i for i in training.graph.input if i.name in ("x", "b2")]
-    del training.graph.input[:]
-    training.graph.input.extend(keep)
+    training, _ = gradients_exposed(onnx.load(tmp_path / "training_model.onnx"))
     got = run_model(lower_model(training), {"x": X, "b2": B2})
     np.testing.assert_allclose(got["b2_grad"], np.full(3, 4.0, np.float32))  # d sum_n sum_c (.. + b2_c) / d b2_c

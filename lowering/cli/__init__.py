@@ -13,7 +13,7 @@ import sys
 
 from opdef.errors import OplowerError
 
-COMMANDS = ("schema", "check", "lower", "run", "artifacts", "train", "train-step", "demo", "bench", "eval")
+COMMANDS = ("schema", "check", "lower", "run", "artifacts", "train", "train-step", "demo", "bench", "eval", "federate")
 
 
 def _available_commands():

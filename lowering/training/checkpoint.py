@@ -305,11 +305,12 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     builder = flatbuffers.Builder(1024)
 
     def tensor(name: str, value: np.ndarray) -> int:
+        shape = np.shape(value)  # before ascontiguousarray, which makes a 0-d value 1-d
         value = np.ascontiguousarray(value)
         if value.dtype not in CODES:
             raise CheckpointError(f"{name!r}: element type {value.dtype} cannot go into a checkpoint")
         name_off = builder.CreateString(name)
-        dims_off = builder.CreateNumpyVector(np.asarray(value.shape, np.int64))
+        dims_off = builder.CreateNumpyVector(np.asarray(shape, np.int64))
         raw_off = builder.CreateNumpyVector(np.frombuffer(value.astype(value.dtype.newbyteorder("<")).tobytes(),
                                                           np.uint8))
         Tensor.Start(builder)

@@ -30,6 +30,8 @@ from lowering.training.gradients import (  # noqa: E402, F401
     loss,
     matmul,
     normalization,
+    normalization_extra,
     recurrent,
     shape,
+    upsample,
 )

@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=1e-3, metavar="LR", help="the clients' learning rate (default 1e-3)")
     p.add_argument("--fraction-train", type=float, default=1.0, metavar="F",
                    help="fraction of the clients FedAvg samples to train each round (default 1: all)")
+    p.add_argument("--fraction-evaluate", type=float, default=1.0, metavar="F",
+                   help="fraction of the clients that evaluate the new global model each round (default 1: all; 0: "
+                        "no evaluation)")
     start = p.add_mutually_exclusive_group()
     start.add_argument("--params", metavar="P.npz",
                        help="the global model's start, by name (default: ARTIFACT_DIR/checkpoint, else the forward "
@@ -76,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from lowering.training.federated.simulation import federate
 
     settings = ServerSettings(args.artifacts, args.rounds, args.local_epochs, args.lr, args.fraction_train,
+                              args.fraction_evaluate,
                               params=args.params or "", checkpoint=args.checkpoint or "", save=args.save or "",
                               save_checkpoint=args.save_checkpoint or "", export=args.export or "",
                               save_rounds=args.save_rounds or "", target=args.target, seed=args.seed)
@@ -137,6 +141,8 @@ def _check(args: argparse.Namespace) -> None:
         raise FederatedError(f"--lr {args.lr}: the learning rate must be finite and > 0")
     if not (0 < args.fraction_train <= 1):
         raise FederatedError(f"--fraction-train {args.fraction_train}: must be in (0, 1]")
+    if not (0 <= args.fraction_evaluate <= 1):
+        raise FederatedError(f"--fraction-evaluate {args.fraction_evaluate}: must be in [0, 1]")
     if args.split and args.partition:
         raise FederatedError("--split and --partition: give the clients' data one way")
     if args.split and not args.clients:

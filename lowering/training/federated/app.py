@@ -55,7 +55,8 @@ from opdef.errors import OplowerError
 
 # the run config of a deployment (pyproject.toml's [tool.flwr.app.config], `flwr run --run-config`); "" = unset
 RUN_CONFIG = {
-    "artifacts": "", "rounds": 3, "local-epochs": 1, "lr": 1e-3, "fraction-train": 1.0, "min-nodes": 2,
+    "artifacts": "", "rounds": 3, "local-epochs": 1, "lr": 1e-3, "fraction-train": 1.0, "fraction-evaluate": 1.0,
+    "min-nodes": 2,
     "params": "", "checkpoint": "", "save": "", "save-checkpoint": "", "export": "", "save-rounds": "",
     "target": "onnxruntime", "round-timeout": 600.0, "seed": 0,
 }
@@ -157,6 +158,7 @@ class ServerSettings:
     local_epochs: int = 1
     learning_rate: float = 1e-3
     fraction_train: float = 1.0
+    fraction_evaluate: float = 1.0  # 0: no federated evaluation
     min_nodes: int = 1  # connected nodes to wait for before round 1 (FedAvg itself then needs 1)
     params: str = ""  # where the global model starts: an .npz by name, else a checkpoint, else DIR/checkpoint
     checkpoint: str = ""
@@ -180,6 +182,8 @@ class ServerSettings:
             raise FederatedError(f"learning rate {self.learning_rate}: must be finite and > 0")
         if not (0 < self.fraction_train <= 1):
             raise FederatedError(f"fraction of clients to train {self.fraction_train}: must be in (0, 1]")
+        if not (0 <= self.fraction_evaluate <= 1):
+            raise FederatedError(f"fraction of clients to evaluate {self.fraction_evaluate}: must be in [0, 1]")
         if self.params and self.checkpoint:
             raise FederatedError("give the starting point as params or as a checkpoint, not both")
         if self.save_rounds and not Path(self.save_rounds).is_dir():
@@ -194,10 +198,11 @@ def server_settings_from_config(run: Mapping[str, object]) -> ServerSettings:
         raise FederatedError(f"run config: unknown key {unknown[0]!r} (known: {', '.join(RUN_CONFIG)})")
     c = {**RUN_CONFIG, **run}
     seed = int(c["seed"])
-    return ServerSettings(str(c["artifacts"]), int(c["rounds"]), int(c["local-epochs"]), float(c["lr"]),
-                          float(c["fraction-train"]), int(c["min-nodes"]), str(c["params"]), str(c["checkpoint"]),
-                          str(c["save"]), str(c["save-checkpoint"]), str(c["export"]), str(c["save-rounds"]),
-                          str(c["target"]), float(c["round-timeout"]), None if seed < 0 else seed)
+    return ServerSettings(
+        str(c["artifacts"]), int(c["rounds"]), int(c["local-epochs"]), float(c["lr"]), float(c["fraction-train"]),
+        float(c["fraction-evaluate"]), int(c["min-nodes"]), str(c["params"]), str(c["checkpoint"]), str(c["save"]),
+        str(c["save-checkpoint"]), str(c["export"]), str(c["save-rounds"]), str(c["target"]),
+        float(c["round-timeout"]), None if seed < 0 else seed)
 
 
 @dataclass
@@ -378,7 +383,8 @@ def serve(grid: Grid, settings: ServerSettings, *, initial: Mapping[str, np.ndar
             on_round(summary)
 
     strategy = _ReportingFedAvg(settings.rounds, finished, fraction_train=settings.fraction_train,
-                                fraction_evaluate=1.0, min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1)
+                                fraction_evaluate=settings.fraction_evaluate, min_train_nodes=1,
+                                min_evaluate_nodes=1 if settings.fraction_evaluate else 0, min_available_nodes=1)
     result = strategy.start(grid=_ProgressGrid(grid, on_progress), initial_arrays=_record(initial),
                             num_rounds=settings.rounds, timeout=settings.round_timeout,
                             train_config=ConfigRecord({"local-epochs": settings.local_epochs,

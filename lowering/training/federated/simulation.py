@@ -7,7 +7,8 @@ model's start is read here before Ray starts, so that a bad artifact directory, 
 fails at once.
 
 Flower's and Ray's own logs are silenced unless ``verbose``; their telemetry and usage statistics are off
-(``FLWR_TELEMETRY_ENABLED=0``, ``RAY_USAGE_STATS_ENABLED=0``, unless set otherwise): nothing is sent anywhere.
+(``FLWR_TELEMETRY_ENABLED=0``, ``FLWR_DISABLE_UPDATE_CHECK=1``, ``RAY_USAGE_STATS_ENABLED=0``, unless set
+otherwise): nothing is sent anywhere.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import numpy as np
 from lowering.training.federated import FederatedError, require_flower
 from lowering.training.federated.local import PartitionError, global_start, read_partition
 
-QUIET_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-             "RAY_DEDUP_LOGS": "0"}
+QUIET_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "RAY_USAGE_STATS_ENABLED": "0",
+             "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0", "RAY_DEDUP_LOGS": "0"}
 
 
 def federate(settings, partitions: Sequence[Path | str], *, threads: int | None = 1, cpus: int | None = None,

@@ -16,6 +16,7 @@ import onnx
 import onnx.reference  # before the project's modules register its schemas (DESIGN.md section 8)
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference.op_run import OpRun
 
 from lowering.passes import lower_model
 from lowering.training.artifacts import build_artifacts
@@ -28,7 +29,42 @@ from runtime.session import run_model
 F32 = TensorProto.FLOAT
 ACCUMULATOR = ("com.microsoft", "InPlaceAccumulatorV2")
 # the training ops of the cases' other nodes
-OTHER_RULES = {"InPlaceAccumulatorV2", "TanhGrad", "SigmoidGrad", "ConvGrad", "ConcatTraining"}
+OTHER_RULES = {"InPlaceAccumulatorV2", "TanhGrad", "SigmoidGrad", "ConvGrad", "ConcatTraining", "SplitTraining"}
+
+
+class RNN(OpRun):
+    """onnx.reference's RNN knows Tanh only: every activation the rule differentiates, in float64 (the others and
+    clip: tanh, unclipped -- they serve only to shape the refusal tests' models)."""
+
+    def _run(self, x, w, r, b=None, sequence_lens=None, initial_h=None, activation_alpha=None,
+             activation_beta=None, activations=None, clip=None, direction=None, hidden_size=None, layout=None):
+        acts = {"Tanh": np.tanh, "Relu": lambda v: np.maximum(v, 0), "Sigmoid": lambda v: 1 / (1 + np.exp(-v))}
+        direction = direction or "forward"
+        dirs = 2 if direction == "bidirectional" else 1
+        activations = list(activations or ["Tanh"] * dirs)
+        xt = np.swapaxes(x, 0, 1) if layout else x
+        steps, batch, _ = xt.shape
+        h0 = np.swapaxes(initial_h, 0, 1) if initial_h is not None and layout else initial_h
+        ys, finals = [], []
+        for d in range(dirs):
+            bias = b[d, :hidden_size] + b[d, hidden_size:] if b is not None else 0.0
+            h = h0[d] if h0 is not None else np.zeros((batch, hidden_size), x.dtype)
+            out = [None] * steps
+            order = range(steps - 1, -1, -1) if direction == "reverse" or d == 1 else range(steps)
+            for t in order:
+                h = acts.get(activations[d], np.tanh)(xt[t] @ w[d].T + h @ r[d].T + bias)
+                out[t] = h
+            ys.append(np.stack(out))
+            finals.append(h)
+        y = np.stack(ys, axis=1)  # [T, D, B, H]
+        y_h = np.stack(finals)
+        if layout:
+            return np.transpose(y, (2, 0, 1, 3)), np.swapaxes(y_h, 0, 1)
+        return y, y_h
+
+
+def _evaluator(model):
+    return onnx.reference.ReferenceEvaluator(model, new_ops=[RNN])
 
 
 def _forward(nodes, out, data, params, consts, opset, seed, symbolic):
@@ -42,7 +78,7 @@ def _forward(nodes, out, data, params, consts, opset, seed, symbolic):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     feeds = {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in data.items()}
-    shape = onnx.reference.ReferenceEvaluator(model).run([out], feeds)[0].shape
+    shape = _evaluator(model).run([out], feeds)[0].shape
     weights = np.random.default_rng(seed + 1000).standard_normal(shape)
     g = model.graph
     g.initializer.append(numpy_helper.from_array(weights.astype(np.float32), "loss_weights"))
@@ -117,7 +153,7 @@ def check(nodes, out, data, params, *, consts=None, opset=17, seed=0, symbolic=N
                  for t in m.graph.initializer]
         del m.graph.initializer[:]
         m.graph.initializer.extend(inits)
-        return float(onnx.reference.ReferenceEvaluator(m).run(["loss"], base)[0])
+        return float(_evaluator(m).run(["loss"], base)[0])
 
     want = loss_at(p64)
     assert abs(loss - want) <= 1e-5 * max(abs(want), 1.0), (loss, want)
@@ -328,3 +364,76 @@ def test_checkpoint_keeps_a_0d_frozen_value_0d():
     dims = {module.FrozenParams(i).Name(): module.FrozenParams(i).DimsLength()
             for i in range(module.FrozenParamsLength())}
     assert dims == {b"one": 0, b"ax": 1}
+
+
+# -- NegativeLogLikelihoodLoss -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("reduction,weighted,ignore,spatial", [
+    ("mean", False, None, False), ("mean", True, None, False), ("mean", True, 2, False), ("mean", False, 1, True),
+    ("sum", False, None, True), ("sum", True, 0, False), ("none", True, 3, True), ("none", False, None, False)])
+def test_negative_log_likelihood_loss(reduction, weighted, ignore, spatial):
+    shape = (4, 5, 3) if spatial else (6, 5)
+    target = np.random.default_rng(30).integers(0, 5, size=(shape[0], *shape[2:])).astype(np.int64)
+    if ignore is not None:
+        target.reshape(-1)[:3] = ignore  # some positions ignored for sure
+    data = {"x": rnd(*shape, seed=31), "t": target}
+    params = {"s": rnd(5, 5, seed=32) + np.eye(5)}
+    consts = {"w": np.array([1.0, 2.0, 0.5, 1.5, 0.7], np.float32)} if weighted else {}
+    perm = [0, 2, 1] if spatial else [0, 1]
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=perm),
+             helper.make_node("MatMul", ["xt", "s"], ["m"]),
+             helper.make_node("Transpose", ["m"], ["mt"], perm=perm),
+             helper.make_node("LogSoftmax", ["mt"], ["lp"], axis=1),
+             helper.make_node("NegativeLogLikelihoodLoss", ["lp", "t"] + (["w"] if weighted else []), ["out"],
+                              reduction=reduction, **({"ignore_index": ignore} if ignore is not None else {}))]
+    check(nodes, "out", data, params, consts=consts, custom={"LogSoftmaxGrad_13"})
+
+
+# -- RNN ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("direction,activation,layout,bias,initial,outputs", [
+    ("forward", "Tanh", 0, True, False, "both"), ("reverse", "Tanh", 0, True, True, "Y"),
+    ("bidirectional", "Tanh", 0, True, True, "both"), ("forward", "Relu", 0, False, False, "Y_h"),
+    ("bidirectional", "Sigmoid", 0, True, False, "Y_h")],
+    ids=["forward", "reverse-h0", "bidirectional-h0", "relu-no-bias-yh", "bidirectional-sigmoid-yh"])
+def test_rnn(direction, activation, layout, bias, initial, outputs):
+    d = 2 if direction == "bidirectional" else 1
+    t, b, i, h = 4, 3, 2, 3
+    data = {"x": rnd(*((b, t, i) if layout else (t, b, i)), seed=40)}
+    params = {"W": rnd(d, h, i, seed=41, scale=0.6), "R": rnd(d, h, h, seed=42, scale=0.5)}
+    if bias:
+        params["B"] = rnd(d, 2 * h, seed=43, scale=0.3)
+    if initial:
+        params["h0"] = rnd(*((b, d, h) if layout else (d, b, h)), seed=44, scale=0.5)
+    ins = ["x", "W", "R", "B" if bias else "", "", "h0" if initial else ""]
+    while not ins[-1]:
+        ins.pop()
+    y, yh = ("y" if outputs in ("Y", "both") else ""), ("yh" if outputs in ("Y_h", "both") else "")
+    nodes = [helper.make_node("RNN", ins, [y, yh], hidden_size=h, direction=direction, layout=layout,
+                              activations=[activation] * d)]
+    if outputs == "both":
+        nodes += [helper.make_node("ReduceMean", ["y"], ["ym"], axes=[1 if layout else 0], keepdims=0),
+                  helper.make_node("Reshape", ["ym", "flat"], ["ymf"]),
+                  helper.make_node("Reshape", ["yh", "flat"], ["yhf"]),
+                  helper.make_node("Concat", ["ymf", "yhf"], ["out"], axis=0)]
+        consts = {"flat": np.array([-1], np.int64)}
+    else:
+        nodes += [helper.make_node("Identity", [y or yh], ["out"])]
+        consts = {}
+    training = check(nodes, "out", data, params, consts=consts, opset=14 if outputs == "both" else 17)
+    assert sum(n.op_type == "RNN" for n in training.graph.node) == 1
+
+
+def test_rnn_refuses_what_it_cannot_differentiate():
+    data = {"x": rnd(4, 2, 3, seed=45)}
+    params = {"W": rnd(1, 2, 3, seed=46), "R": rnd(1, 2, 2, seed=47)}
+    for attrs, match in ((dict(clip=1.0), "clip"), (dict(activations=["HardSigmoid"]), "activations"),
+                         (dict(layout=1), "layout")):
+        forward = _forward([helper.make_node("RNN", ["x", "W", "R"], ["out"], hidden_size=2, **attrs)], "out", data,
+                           params, {}, 17, 0, None)
+        with pytest.raises(GradientError, match=match):
+            build_artifacts(forward, ["W", "R"], loss=None)
+    forward = _forward([helper.make_node("RNN", ["x", "W", "R"], ["out"], hidden_size=2)], "out", data, params, {},
+                       17, 0, {"x": ["t", 2, 3]})
+    with pytest.raises(GradientError, match="sequence length"):
+        build_artifacts(forward, ["W", "R"], loss=None)

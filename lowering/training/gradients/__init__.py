@@ -29,9 +29,11 @@ from lowering.training.gradients import (  # noqa: E402, F401
     elementwise,
     loss,
     matmul,
+    nll,
     normalization,
     normalization_extra,
     recurrent,
+    rnn,
     shape,
     upsample,
 )

@@ -218,9 +218,21 @@ def _check_training_result(result: dict, printed: str) -> None:
     assert [r["artifact"] for r in others] == list(bench_training.ARCHITECTURES)
     for r in others:
         assert r["error"] is None, r
-        assert r["threads"] == 1 and r["batch"] == 4 and r["ms"] > 0 and r["lowered_nodes"] > 0
+        assert r["threads"] == 1 and r["batch"] == (3 if r["artifact"] == "lstm" else 4) and r["ms"] > 0
+        assert r["lowered_nodes"] > 0 and r["step_ms"] > 0
         assert r["loss_rel_diff"] <= 1e-5, r
+        assert r["kernels_total"] == round(sum(v[1] for v in r["kernels"].values())) > 0
+        assert r["ort_training_kernels"] is None
     assert "| artifact | threads | batch | lowered nodes | ms |" in printed and "| gpt | 1 | 4 |" in printed
+    # kernels per step of the train-step model, each charged to the training-graph op it came from
+    kernels = row["kernels"]
+    assert set(kernels) >= (TRAINING_OPS - {"InPlaceAccumulatorV2"}) | {bench_training.UPDATE}
+    assert "InPlaceAccumulatorV2" not in kernels  # the train-step model adds the gradients where they are made
+    assert all(count == round(count) for _, count in kernels.values())
+    assert row["kernels_total"] == round(sum(v[1] for v in kernels.values()))
+    assert row["update_kernels"] == round(kernels[bench_training.UPDATE][1]) > 0 and row["ort_training_kernels"] is None
+    assert "| training-graph op | kernels | kernel ms | onnxruntime-training kernels | its kernel ms |" in printed
+    assert f"| **all** | {row['kernels_total']} |" in printed and "Kernels per step, lstm (batch 3" in printed
 
 
 def test_an_artifact_that_does_not_lower_is_a_row_not_a_failed_bench(tmp_path):
@@ -242,18 +254,32 @@ def test_bench_training_without_torch_writes_json_and_markdown(tmp_path, capsys)
 
 def test_bench_training_reads_the_onnxruntime_training_json(tmp_path, capsys):
     native = tmp_path / "native.json"
+    kernels = {"ConvGrad": [0.1, 5.0], "Conv": [0.03, 3.0], "FusedConv": [0.02, 2.0], "InPlaceAccumulatorV2": [0.04, 14]}
     native.write_text(json.dumps({"tool": bench_training.NATIVE_TOOL, "artifact": "cnn", "onnxruntime_training": "x",
-                                  "steps": [{"batch": 4, "threads": 1, "median_ms": 0.5},
-                                            {"batch": 64, "threads": 1, "median_ms": 7.0}]}))
+                                  "steps": [{"batch": 4, "threads": 1, "median_ms": 0.5, "kernels": kernels,
+                                             "optimizer_kernels": 1},
+                                            {"batch": 64, "threads": 1, "median_ms": 7.0}],
+                                  "architectures": [{"artifact": "gpt", "threads": 1, "median_ms": 0.25,
+                                                     "kernels": {"GatherGrad": [0.01, 2.0]}, "optimizer_kernels": 1}]}))
     out = tmp_path / "training.json"
     assert main(["bench", "--training", "--shapes", "tiny", "--no-torch", "--ort-training-json", str(native),
                  "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    (row,) = json.loads(out.read_text())["steps"]
+    result = json.loads(out.read_text())
+    (row,) = result["steps"]
     assert row["step_ms"] > 0 and row["ort_training_ms"] == 0.5
     assert row["vs_ort_training"] == pytest.approx(row["step_ms"] / 0.5)
-    assert f"| {row['step_ms']:.2f} | 0.50 | {row['vs_ort_training']:.2f} |" in printed
+    assert row["ort_training_kernels"] == 25  # 24 training kernels + the optimizer's
+    assert f"| {row['step_ms']:.2f} | 0.50 | {row['vs_ort_training']:.2f} | {row['kernels_total']} | 25 |" in printed
     assert "onnxruntime-training column: its Module + Optimizer step, from" in printed
+    assert f"| ConvGrad | {round(row['kernels']['ConvGrad'][1])} | " in printed and "| 5 | 0.100 |" in printed
+    assert "| FusedConv (native only) | – | – | 2 | 0.020 |" in printed  # its fusion of Conv + Relu
+    assert "| InPlaceAccumulatorV2 (native only) | – | – | 14 | 0.040 |" in printed
+    gpt = next(r for r in result["architectures"] if r["artifact"] == "gpt")
+    assert gpt["ort_training_ms"] == 0.25 and gpt["ort_training_kernels"] == 3
+    assert gpt["vs_ort_training"] == pytest.approx(gpt["step_ms"] / 0.25)
+    bert = next(r for r in result["architectures"] if r["artifact"] == "bert")
+    assert bert["ort_training_ms"] is None and bert["ort_training_kernels"] is None
 
 
 @pytest.mark.parametrize("content,problem", [

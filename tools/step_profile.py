@@ -18,63 +18,25 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import _artifact
 import onnx
 
-from lowering.bench.training import origins
-from lowering.training.trainer import Trainer
+from lowering.bench.training import UPDATE, kernel_rows, profile_train_step
 
 HERE = Path(__file__).resolve().parent
-UPDATE = "optimizer (update)"
-FORWARD = "{} (forward, standard)"
 
 
 def lowered_profile(directory: Path, steps: int, threads: int,
                     detail: dict[str, dict[str, list[float]]] | None = None) -> dict[str, list[float]]:
     """{training-graph op type: [kernel ms per step, kernels per step]} of the lowered train step; ``detail``,
-    when given, receives the same split by lowered op type under each training-graph op type."""
-    import onnxruntime as ort
-
+    when given, receives the same split by lowered op type under each training-graph op type
+    (:func:`lowering.bench.training.profile_train_step`)."""
     artifact = _artifact.load(directory)
     raw = onnx.load(directory / "training_model.onnx", load_external_data=False)
-    charged = origins(raw, artifact.models.step.model)
-    standard = {n.name: n.op_type for n in raw.graph.node if n.name and n.name not in charged}
-    names = sorted(charged, key=len, reverse=True)
-    with tempfile.TemporaryDirectory() as work:
-        class Profiled(Trainer):  # the Trainer's own session settings, with onnxruntime's profiler on
-            @staticmethod
-            def _session(model, options, what):
-                options.enable_profiling = True
-                options.profile_file_prefix = str(Path(work) / "lowered")
-                return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-        trainer = artifact.trainer(threads, cls=Profiled)
-        for _ in range(10 + steps):
-            trainer.step(artifact.batch)
-        events = json.loads(Path(trainer._bound.session.end_profiling()).read_text())
-    runs = [e for e in events if e.get("name") == "model_run"]
-    first = runs[10]["ts"]
-    groups: dict[str, list[float]] = {}
-    for e in events:
-        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time") or e["ts"] < first:
-            continue
-        node = e["name"][: -len("_kernel_time")]
-        if node.startswith("train_step/"):
-            key = UPDATE
-        elif node in standard:
-            key = FORWARD.format(standard[node])
-        else:
-            key = next((charged[o] for o in names if node.startswith(o + "/")), FORWARD.format(e["args"]["op_name"]))
-        entries = [groups.setdefault(key, [0.0, 0.0])]
-        if detail is not None:
-            entries.append(detail.setdefault(key, {}).setdefault(e["args"]["op_name"], [0.0, 0.0]))
-        for entry in entries:
-            entry[0] += e["dur"] / 1e3 / steps
-            entry[1] += 1 / steps
-    return groups
+    return profile_train_step(artifact.models, artifact.start, artifact.batch, artifact.learning_rate, raw, threads,
+                              steps, detail)
 
 
 def native_profile(python: str, directory: Path, steps: int, threads: int) -> dict:
@@ -86,32 +48,17 @@ def native_profile(python: str, directory: Path, steps: int, threads: int) -> di
 
 def table(lowered: dict[str, list[float]], native: dict) -> str:
     """Markdown rows: training-graph op, lowered kernels and ms, native kernels and ms, ratio."""
-    ops = dict(native["training"])
-    rows, lowered_keys = [], dict(lowered)
-    for key in list(lowered_keys):
-        name = key[: -len(" (forward, standard)")] if key.endswith("(forward, standard)") else key
-        if key == UPDATE:
-            continue
-        if name in ops:
-            rows.append((key, lowered_keys.pop(key), ops.pop(name)))
-    for key, value in lowered_keys.items():
-        if key != UPDATE:
-            rows.append((key, value, None))
-    for name, value in ops.items():
-        # standard ops only the native graph has (after its own fusions), or its training ops with no lowered
-        # counterpart in this graph (the gradient accumulators the train-step model does not need)
-        rows.append((FORWARD.format(name) if onnx.defs.has(name) else f"{name} (native only)", None, value))
-    update = lowered.get(UPDATE, [0.0, 0.0])
-    rows.sort(key=lambda r: -max(r[1][0] if r[1] else 0.0, r[2][0] if r[2] else 0.0))
     lines = ["| training-graph op | lowered kernels | lowered ms | native kernels | native ms | lowered / native |",
              "|---|---:|---:|---:|---:|---:|"]
 
-    def cells(value):
-        return ("–", "–") if value is None else (f"{value[1]:.0f}", f"{value[0]:.3f}")
+    def cells(count, ms):
+        return ("–", "–") if count is None else (f"{count:.0f}", f"{ms:.3f}")
 
-    for key, low, nat in rows:
-        ratio = f"{low[0] / nat[0]:.2f}" if low and nat and nat[0] > 0 else "–"
-        lines.append(f"| {key} | {' | '.join(cells(low))} | {' | '.join(cells(nat))} | {ratio} |")
+    for r in kernel_rows(lowered, native["training"]):
+        ratio = f"{r['ms'] / r['native_ms']:.2f}" if r["ms"] and r["native_ms"] else "–"
+        lines.append(f"| {r['op']} | {' | '.join(cells(r['kernels'], r['ms']))} | "
+                     f"{' | '.join(cells(r['native_kernels'], r['native_ms']))} | {ratio} |")
+    update = lowered.get(UPDATE, [0.0, 0.0])
     lines.append(f"| {UPDATE} | {update[1]:.0f} | {update[0]:.3f} | (own session) | "
                  f"{native['optimizer_wall_ms']:.3f} wall | – |")
     low_total = sum(v[0] for v in lowered.values())

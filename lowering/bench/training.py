@@ -23,6 +23,12 @@ the column is left empty and the markdown says so. Its ratio is train-step / onn
 
 ConvGrad's share comes from onnxruntime's profiler: lowered node names start with the training node's name
 they came from, so every kernel's time is charged to that node's op type.
+
+Kernels per step: the train-step model's kernels (what ``oplower train`` runs, onnxruntime's profiler, a run of
+its own) charged the same way to the training-graph op they came from (the model's own standard nodes by op
+type, the optimizer update apart); beside them, given the JSON, onnxruntime-training's training-session kernels
+by op type and its optimizer model's kernels. On tiny models the count decides the step: each kernel costs
+about half a microsecond before it does any work (``tools/kernel_floor.py``).
 """
 
 from __future__ import annotations
@@ -55,9 +61,11 @@ from opdef.errors import ModelError
 
 CNN_ARTIFACTS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "ort_training" / "artifacts" / "cnn"
 # issue 19's committed artifacts, each timed at its own batch beside the CNN (no torch side: onnxruntime only)
-ARCHITECTURES = ("bert", "bert_torch", "gpt", "vit", "mobilenet", "mlp_act")
+ARCHITECTURES = ("bert", "bert_torch", "gpt", "vit", "mobilenet", "mlp_act", "lstm")
 BATCHES = (4, 64, 256)
 FORWARD = "forward (standard ops)"  # nodes that no training op was lowered into
+UPDATE = "optimizer (update)"  # the train-step model's update nodes (the optimizer model's op, lowered)
+STANDARD = "{} (forward, standard)"  # the training model's own standard nodes, by op type
 WARMUP_STEPS = 20  # untimed steps per side first: torch's first eager steps ran 10-30x slow here
 LOSS_RTOL = 1e-4  # first-step losses: f32 on both sides, different kernels and summation orders
 NATIVE_TOOL = "tools/ort_training/native_step.py bench"
@@ -65,6 +73,35 @@ NATIVE_TOOL = "tools/ort_training/native_step.py bench"
 
 class NativeTimesError(ModelError):
     """The onnxruntime-training JSON cannot be read or is not for this bench."""
+
+
+def load_native(path: Path, artifact: str = "cnn") -> dict[tuple, dict]:
+    """``native_step.py bench``'s JSON as {(batch, threads): its row} for ``artifact`` and {(name, threads): its
+    row} for the other committed artifacts; each row has ``median_ms`` and, from JSONs that count them,
+    ``kernels`` ({op type: [kernel ms, kernels] per step}) and ``optimizer_kernels``. One-line errors for a
+    bad file."""
+    times = load_native_times(path, artifact)
+    result = json.loads(Path(path).read_text())
+    rows: dict[tuple, dict] = {key: {"median_ms": ms} for key, ms in times.items()}
+    for r in result["steps"]:
+        rows[(int(r["batch"]), int(r["threads"]))].update(_native_kernels(path, r))
+    for r in result.get("architectures") or []:
+        try:
+            key, ms = (str(r["artifact"]), int(r["threads"])), float(r["median_ms"])
+        except (KeyError, TypeError, ValueError):
+            raise NativeTimesError(f"{path}: an architecture without artifact, threads and median_ms") from None
+        rows[key] = {"median_ms": ms, **_native_kernels(path, r)}
+    return rows
+
+
+def _native_kernels(path: Path, row: dict) -> dict:
+    if "kernels" not in row:
+        return {}
+    try:
+        kernels = {str(op): [float(v[0]), float(v[1])] for op, v in row["kernels"].items()}
+        return {"kernels": kernels, "optimizer_kernels": int(row.get("optimizer_kernels", 1))}
+    except (AttributeError, TypeError, ValueError, IndexError):
+        raise NativeTimesError(f"{path}: kernels must map op types to [ms, kernels per step]") from None
 
 
 def load_native_times(path: Path, artifact: str = "cnn") -> dict[tuple[int, int], float]:
@@ -281,6 +318,110 @@ def origins(model: onnx.ModelProto, lowered: onnx.ModelProto) -> dict[str, str]:
     return {n.name: n.op_type for n in model.graph.node if n.name and n.name not in kept}
 
 
+def profile_train_step(models: TrainingModels, start: StartingPoint, batch: dict[str, np.ndarray], lr: float,
+                       raw: onnx.ModelProto, threads: int | None, steps: int,
+                       detail: dict[str, dict[str, list[float]]] | None = None) -> dict[str, list[float]]:
+    """{training-graph op: [kernel ms per step, kernels per step]} of the train-step model's steps (what
+    :class:`Trainer` runs, onnxruntime's profiler, 10 unprofiled-in-the-count warm-up steps first): each lowered
+    kernel charged to the ``raw`` training-model node it came from (its op type), the model's own standard nodes
+    to ``STANDARD`` of their op type, the update's nodes to ``UPDATE``. ``detail``, when given, receives the same
+    split by lowered op type under each key."""
+    charged = origins(raw, models.step.model if models.step is not None else models.training)
+    standard = {n.name: n.op_type for n in raw.graph.node if n.name and n.name not in charged}
+    names = sorted(charged, key=len, reverse=True)
+    warmup = 10
+    with tempfile.TemporaryDirectory() as work:
+        class Profiled(Trainer):  # the Trainer's own session settings, with onnxruntime's profiler on
+            @staticmethod
+            def _session(model, options, what):
+                options.enable_profiling = True
+                options.profile_file_prefix = str(Path(work) / "lowered")
+                return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+        trainer = Profiled(models, start, learning_rate=lr, threads=threads, spinning=False)
+        for _ in range(warmup + steps):
+            trainer.step(batch)
+        # without the train-step model (an optimizer it does not join): the training model, then the optimizer
+        # model, whose kernels are all the update
+        sessions = [(trainer._bound.session, False)] if trainer._bound is not None else [
+            (trainer._training, False), (trainer._optimizer, True)]
+        events = [(e, update) for session, update in sessions
+                  for e in json.loads(Path(session.end_profiling()).read_text())]
+    runs = sorted(e["ts"] for e, _ in events if e.get("name") == "model_run")
+    first = runs[warmup * len(sessions)]
+    groups: dict[str, list[float]] = {}
+    for e, update in events:
+        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time") or e["ts"] < first:
+            continue
+        node = e["name"][: -len("_kernel_time")]
+        if update or node.startswith("train_step/"):
+            key = UPDATE
+        elif node in standard:
+            key = STANDARD.format(standard[node])
+        else:
+            key = next((charged[o] for o in names if node.startswith(o + "/")), STANDARD.format(e["args"]["op_name"]))
+        entries = [groups.setdefault(key, [0.0, 0.0])]
+        if detail is not None:
+            entries.append(detail.setdefault(key, {}).setdefault(e["args"]["op_name"], [0.0, 0.0]))
+        for entry in entries:
+            entry[0] += e["dur"] / 1e3 / steps
+            entry[1] += 1 / steps
+    return groups
+
+
+def kernel_rows(lowered: dict[str, list[float]], native: dict[str, list[float]] | None) -> list[dict]:
+    """One row per training-graph op, largest kernel time first: ``op``, the lowered ``kernels`` and ``ms`` per
+    step, and onnxruntime-training's ``native_kernels`` and ``native_ms`` (its kernels are the training graph's
+    own ops after its fusions, by op type: a forward op type the lowered graph does not have, e.g. FusedConv, or
+    a training op with no lowered counterpart, e.g. the gradient accumulators the train-step model does not
+    need, is a row of its own). The update (``UPDATE``) is left out."""
+    ops = dict(native or {})
+    rows = []
+    for key, value in lowered.items():
+        if key == UPDATE:
+            continue
+        name = key[: -len(STANDARD.format(""))] if key.endswith(STANDARD.format("")) else key
+        theirs = ops.pop(name, None)
+        rows.append({"op": key, "kernels": value[1], "ms": value[0],
+                     "native_kernels": None if theirs is None else theirs[1],
+                     "native_ms": None if theirs is None else theirs[0]})
+    for name, value in ops.items():
+        rows.append({"op": STANDARD.format(name) if onnx.defs.has(name) else f"{name} (native only)", "kernels": None,
+                     "ms": None, "native_kernels": value[1], "native_ms": value[0]})
+    rows.sort(key=lambda r: -max(r["ms"] or 0.0, r["native_ms"] or 0.0))
+    return rows
+
+
+def kernel_summary(lowered: dict[str, list[float]], native: dict | None) -> dict:
+    """Kernels per step in all, both sides (``native``: a row of :func:`load_native`, None when not measured)."""
+    ours = sum(v[1] for v in lowered.values())
+    theirs = None
+    if native is not None and "kernels" in native:
+        theirs = sum(v[1] for v in native["kernels"].values()) + native["optimizer_kernels"]
+    return {"kernels_total": round(ours), "update_kernels": round(lowered.get(UPDATE, [0.0, 0.0])[1]),
+            "ort_training_kernels": None if theirs is None else round(theirs)}
+
+
+def kernel_markdown(lowered: dict[str, list[float]], native: dict | None) -> list[str]:
+    """The kernel table: one row per training-graph op, the update, and the totals."""
+    lines = ["| training-graph op | kernels | kernel ms | onnxruntime-training kernels | its kernel ms |",
+             "|---|---:|---:|---:|---:|"]
+
+    def cell(value, fmt):
+        return "–" if value is None else format(value, fmt)
+
+    for r in kernel_rows(lowered, None if native is None else native.get("kernels")):
+        lines.append(f"| {r['op']} | {cell(r['kernels'], '.0f')} | {cell(r['ms'], '.3f')} | "
+                     f"{cell(r['native_kernels'], '.0f')} | {cell(r['native_ms'], '.3f')} |")
+    update = lowered.get(UPDATE, [0.0, 0.0])
+    native_update = "–" if native is None or "kernels" not in native else f"{native['optimizer_kernels']}"
+    lines.append(f"| {UPDATE} | {update[1]:.0f} | {update[0]:.3f} | {native_update} (own session) | – |")
+    summary = kernel_summary(lowered, native)
+    lines.append(f"| **all** | {summary['kernels_total']} | {sum(v[0] for v in lowered.values()):.3f} | "
+                 f"{cell(summary['ort_training_kernels'], 'd')} | – |")
+    return lines
+
+
 def profile_shares(path: Path, training_origins: dict[str, str], steps: int) -> dict:
     """The training model's kernel time per step by origin op type (``FORWARD`` for the model's own standard
     nodes), each origin's time split by lowered op type; ``share`` is of the training model's kernel time."""
@@ -365,18 +506,22 @@ def time_training(directory: Path, batch: int, reps: int, torch, workdir: Path,
     raw = load_model(source / TRAINING_MODEL)
     row["profile"] = profile(models, start, data, lr, origins(raw, models.training), profile_steps,
                              workdir / "profile", threads)
+    row["kernels"] = profile_train_step(models, start, data, lr, raw, threads, profile_steps)
+    row.update(kernel_summary(row["kernels"], None))
     return row
 
 
-def time_architecture(directory: Path, reps: int, threads: int) -> dict:
+def time_architecture(directory: Path, reps: int, threads: int, profile_steps: int = 20) -> dict:
     """One train step (training + optimizer model, lowered) of a committed artifact at its own batch and data:
-    the median time and the first-step loss against onnxruntime-training's recorded one. An artifact that does
-    not lower yet is a row with its ``error`` instead of a failed bench."""
+    the median time and the first-step loss against onnxruntime-training's recorded one; the train-step model's
+    median time (``step_ms``, what ``oplower train`` runs, interleaved) and its kernels per step by training-graph
+    op. An artifact that does not lower yet is a row with its ``error`` instead of a failed bench."""
     from lowering.bench import _interleaved, _median_ms
     from opdef.errors import OplowerError
 
     row: dict = {"artifact": directory.name, "threads": threads, "batch": None, "lowered_nodes": None, "ms": None,
-                 "loss_ort": None, "loss_recorded": None, "loss_rel_diff": None, "error": None}
+                 "step_ms": None, "loss_ort": None, "loss_recorded": None, "loss_rel_diff": None, "error": None,
+                 "kernels": None}
     try:
         models = lower_artifacts(directory)
     except OplowerError as exc:
@@ -387,15 +532,23 @@ def time_architecture(directory: Path, reps: int, threads: int) -> dict:
     start = initial_parameters(directory, models, initial, source=str(directory / "initial_params.npz"))
     data = dict(np.load(directory / "data.npz"))
     feeds = {models.training.graph.input[0].name: data["input"], meta["labels_input"]: data["labels"]}
-    step = OrtTrainStep(models, start, feeds, learning_rate(directory), threads=threads)
+    lr = learning_rate(directory)
+    step = OrtTrainStep(models, start, feeds, lr, threads=threads)
+    trainer = Trainer(models, start, learning_rate=lr, threads=threads, spinning=False)
     row["batch"] = int(data["input"].shape[0])
     row["lowered_nodes"] = len(models.training.graph.node) + len(models.optimizer.graph.node)
     row["loss_ort"] = step()
     row["loss_recorded"] = float(json.loads((directory / "api_curve.json").read_text())["loss"][0])
     row["loss_rel_diff"] = abs(row["loss_ort"] - row["loss_recorded"]) / abs(row["loss_recorded"])
+    runners = {"ort": step, "step": lambda: trainer.step(feeds)}
     for _ in range(WARMUP_STEPS):
-        step()
-    row["ms"] = _median_ms(_interleaved({"ort": step}, reps)["ort"])
+        for fn in runners.values():
+            fn()
+    times = _interleaved(runners, reps)
+    row["ms"], row["step_ms"] = _median_ms(times["ort"]), _median_ms(times["step"])
+    row["kernels"] = profile_train_step(models, start, feeds, lr, load_model(directory / TRAINING_MODEL), threads,
+                                        profile_steps)
+    row.update(kernel_summary(row["kernels"], None))
     return row
 
 
@@ -420,7 +573,7 @@ def run_training_bench(*, batches: tuple[int, ...] = BATCHES, reps: int = 15, us
     if not (directory / TRAINING_MODEL).exists():
         raise ModelError(f"{directory}: no {TRAINING_MODEL} (the bench needs the committed CNN artifacts of "
                          "tests/fixtures/ort_training, i.e. a source checkout)")
-    native_times = load_native_times(native, directory.name) if native is not None else None
+    native_rows = load_native(native, directory.name) if native is not None else {}
     cores = max(1, machine()["cores"] or 1)
     threads = threads or tuple(sorted({1, cores}))
     torch = _torch() if use_torch else None
@@ -434,9 +587,7 @@ def run_training_bench(*, batches: tuple[int, ...] = BATCHES, reps: int = 15, us
                 sub = Path(workdir) / f"run{count}_{batch}"
                 sub.mkdir()
                 row = time_training(directory, batch, reps, torch, sub, progress, profile_steps, count)
-                native_ms = (native_times or {}).get((batch, count))
-                row["ort_training_ms"] = native_ms
-                row["vs_ort_training"] = row["step_ms"] / native_ms if native_ms else None
+                _add_native(row, native_rows.get((batch, count)))
                 extra = f", torch {row['torch_ms']:.2f} ms ({row['vs_torch']:.2f}x)" if row["torch_ms"] else ""
                 progress(f"    {row['ms']:.2f} ms{extra}")
                 rows.append(row)
@@ -444,7 +595,9 @@ def run_training_bench(*, batches: tuple[int, ...] = BATCHES, reps: int = 15, us
     for count in threads:
         for name in architectures:
             progress(f"[training] {name} train step, {count} thread{'s' * (count > 1)}")
-            other = time_architecture(directory.parent / name, reps, count)
+            other = time_architecture(directory.parent / name, reps, count, profile_steps)
+            if other["error"] is None:
+                _add_native(other, native_rows.get((name, count)))
             progress(f"    {other['ms']:.2f} ms" if other["error"] is None else f"    not lowered: {other['error']}")
             others.append(other)
     return {"machine": machine(), "torch": getattr(torch, "__version__", None), "reps": reps,
@@ -452,8 +605,23 @@ def run_training_bench(*, batches: tuple[int, ...] = BATCHES, reps: int = 15, us
             "ort_training_json": None if native is None else str(native), "architectures": others}
 
 
+def _add_native(row: dict, native: dict | None) -> None:
+    """onnxruntime-training's step time and kernels (a row of :func:`load_native`, None: not measured) into a
+    timed row: ``ort_training_ms``, ``vs_ort_training`` (train-step ms / its ms), ``ort_training_kernels`` and
+    its kernels by op type (``native``)."""
+    native_ms = None if native is None else native["median_ms"]
+    row["ort_training_ms"] = native_ms
+    row["vs_ort_training"] = row["step_ms"] / native_ms if native_ms else None
+    row["native"] = native
+    row.update(kernel_summary(row["kernels"], native))
+
+
 def _num(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
+
+
+def _count(value: int | None) -> str:
+    return "–" if value is None else str(value)
 
 
 def markdown(result: dict) -> str:
@@ -463,8 +631,9 @@ def markdown(result: dict) -> str:
              "artifact (training + optimizer model, lowered) against torch eager (forward, backward, AdamW step, "
              f"zero_grad); median of {result['reps']} steps, interleaved.", "",
              "| threads | batch | input | ms | training + optimizer ms | torch ms | × torch | first-step loss "
-             "(ort / torch) | ConvGrad share | train-step ms | onnxruntime-training ms | × onnxruntime-training |",
-             "|---:|---:|---|---:|---|---:|---:|---|---:|---:|---:|---:|"]
+             "(ort / torch) | ConvGrad share | train-step ms | onnxruntime-training ms | × onnxruntime-training | "
+             "kernels per step | onnxruntime-training kernels |",
+             "|---:|---:|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in result["steps"]:
         p = r["profile"]
         t_ms = f"{r['torch_ms']:.2f}" if r["torch_ms"] else "–"
@@ -474,7 +643,8 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['threads']} | {r['batch']} | {shape} | {r['ms']:.2f} | "
                      f"{p['training_ms']:.2f} + {p['optimizer_ms']:.2f} | "
                      f"{t_ms} | {t_x} | {r['loss_ort']:.6f} / {torch_loss} | {p['conv_grad_share_of_step']:.0%} | "
-                     f"{r['step_ms']:.2f} | {_num(r.get('ort_training_ms'))} | {_num(r.get('vs_ort_training'))} |")
+                     f"{r['step_ms']:.2f} | {_num(r.get('ort_training_ms'))} | {_num(r.get('vs_ort_training'))} | "
+                     f"{r['kernels_total']} | {_count(r.get('ort_training_kernels'))} |")
     if result.get("ort_training_json") is None:
         lines += ["", "onnxruntime-training column: not measured (no --ort-training-json FILE; write one with "
                   f"`/path/to/ortt-venv/bin/python {NATIVE_TOOL} --out FILE` in onnxruntime-training's venv)."]
@@ -491,17 +661,36 @@ def markdown(result: dict) -> str:
         for g in p["rows"]:
             top = ", ".join(f"{op} {ms:.3f}" for op, ms in list(g["ops"].items())[:4])
             lines.append(f"| {g['origin']} | {g['ms']:.3f} | {g['share']:.0%} | {top} |")
+    widest = max((r["threads"] for r in result["steps"]), default=None)
+    for r in result["steps"]:
+        if r["threads"] != widest:
+            continue
+        lines += ["", f"Kernels per step, batch {r['batch']}, {r['threads']} thread(s): the train-step model (what "
+                  "`oplower train` runs) by the training-graph op each kernel came from, kernel ms from onnxruntime's "
+                  "profiler; onnxruntime-training's training session by op type, its optimizer session "
+                  + ("apart:" if r.get("native") else "(not measured):"), "",
+                  *kernel_markdown(r["kernels"], r.get("native"))]
     lines += ["", f"ConvGrad formulation: {result['conv_grad_formulation']}"]
     if result.get("architectures"):
         lines += ["", "Issue 19's committed artifacts (tests/fixtures/ort_training/artifacts), one train step each at "
-                  "its own batch on plain onnxruntime (lowered training + optimizer model), median of "
-                  f"{result['reps']} steps:", "",
-                  "| artifact | threads | batch | lowered nodes | ms | first-step loss (ort / onnxruntime-training) |",
-                  "|---|---:|---:|---:|---:|---|"]
+                  "its own batch on plain onnxruntime (lowered training + optimizer model; train-step model), "
+                  f"median of {result['reps']} steps, interleaved:", "",
+                  "| artifact | threads | batch | lowered nodes | ms | first-step loss (ort / onnxruntime-training) | "
+                  "train-step ms | onnxruntime-training ms | × onnxruntime-training | kernels per step | "
+                  "onnxruntime-training kernels |",
+                  "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
         for r in result["architectures"]:
             if r["error"] is not None:
-                lines.append(f"| {r['artifact']} | {r['threads']} | – | – | – | not lowered: {r['error']} |")
+                lines.append(f"| {r['artifact']} | {r['threads']} | – | – | – | not lowered: {r['error']} "
+                             "| – | – | – | – | – |")
                 continue
             lines.append(f"| {r['artifact']} | {r['threads']} | {r['batch']} | {r['lowered_nodes']} | {r['ms']:.2f} | "
-                         f"{r['loss_ort']:.6f} / {r['loss_recorded']:.6f} |")
+                         f"{r['loss_ort']:.6f} / {r['loss_recorded']:.6f} | {r['step_ms']:.2f} | "
+                         f"{_num(r.get('ort_training_ms'))} | {_num(r.get('vs_ort_training'))} | "
+                         f"{r['kernels_total']} | {_count(r.get('ort_training_kernels'))} |")
+        widest = max((r["threads"] for r in result["architectures"]), default=None)
+        for r in result["architectures"]:
+            if r["error"] is None and r["threads"] == widest:
+                lines += ["", f"Kernels per step, {r['artifact']} (batch {r['batch']}, {r['threads']} thread(s)):", "",
+                          *kernel_markdown(r["kernels"], r.get("native"))]
     return "\n".join(lines)

@@ -22,9 +22,11 @@ milliseconds of ``module(input, labels); optimizer.step(); module.lazy_reset_gra
 steps after warm-up steps, with 2 intra-op threads and spinning off unless ``--spin`` (onnxruntime's default
 spins, which on 2 cores takes them from whatever runs next).
 ``bench`` times the native step of an artifact (default: the committed ``cnn``) at each batch and thread count
-that ``oplower bench --training`` runs, and writes the JSON that the bench's ``--ort-training-json`` reads
-(its onnxruntime-training column). A batch other than the artifact's own runs on a copy whose data inputs and
-activations are re-declared, as the bench's ``with_batch`` does, with seeded random data.
+that ``oplower bench --training`` runs, and the other committed artifacts the bench times at their own batch,
+and counts each one's kernels per step by op type (a profiled run apart); it writes the JSON that the bench's
+``--ort-training-json`` reads (its onnxruntime-training columns). A batch other than the artifact's own runs
+on a copy whose data inputs and activations are re-declared, as the bench's ``with_batch`` does, with seeded
+random data.
 ``memory`` prints the resident memory before the first step and the peak during the steps (for
 ``tools/step_memory.py``); ``profile`` the kernel time per step by op type, from onnxruntime's profiler (for
 ``tools/step_profile.py``); ``torch`` times torch's eager step of the same network, weights and batch (the
@@ -48,6 +50,8 @@ WARMUP = 10
 HERE = Path(__file__).resolve().parent
 CNN = HERE.parents[1] / "tests" / "fixtures" / "ort_training" / "artifacts" / "cnn"
 BUFFER_SUFFIX, LAZY_RESET = "_grad.accumulation.buffer", "lazy_reset_grad"
+# the committed artifacts ``oplower bench --training`` times beside the cnn (lowering/bench/training.py's list)
+ARCHITECTURES = ("bert", "bert_torch", "gpt", "vit", "mobilenet", "mlp_act", "lstm")
 
 
 def resnet_cifar():
@@ -272,21 +276,43 @@ def at_batch(directory: Path, batch: int, workdir: Path) -> tuple[Path, dict[str
                     "labels": rng.integers(0, classes, batch).astype(data["labels"].dtype)}
 
 
-def bench(directory: Path, batches: list[int], threads: list[int], steps: int) -> dict:
+def bench(directory: Path, batches: list[int], threads: list[int], steps: int,
+          architectures: list[str] | None = None) -> dict:
+    """The step's median ms at each batch and thread count, and its kernels per step ({op type: [kernel ms,
+    kernels]} of the training session, onnxruntime's profiler, in a run of its own; the optimizer session is one
+    kernel per node of the optimizer model); ``architectures``: the committed artifacts beside ``directory``,
+    each at its own batch, alike."""
     import tempfile
 
     import onnxruntime
 
-    rows = []
+    def kernels(source: Path, data: dict | None, count: int) -> dict:
+        profiled = profile_native(source, steps, count, data)
+        return {"kernels": profiled["training"], "optimizer_kernels": optimizer_kernels(source)}
+
+    rows, others = [], []
     with tempfile.TemporaryDirectory() as work:
         for count in threads:
             for batch in batches:
                 source, data = at_batch(directory, batch, Path(work))
                 row = time_native(source, steps, count, False, data)
-                rows.append({"batch": batch, "threads": count, **row})
+                rows.append({"batch": batch, "threads": count, **row, **kernels(source, data, count)})
                 print(f"{directory.name} batch {batch}, {count} thread(s): {row['median_ms']:.3f} ms", file=sys.stderr)
+    for name in architectures or []:
+        source = directory.parent / name
+        for count in threads:
+            row = time_native(source, steps, count, False)
+            others.append({"artifact": name, "threads": count, **row, **kernels(source, None, count)})
+            print(f"{name}, {count} thread(s): {row['median_ms']:.3f} ms", file=sys.stderr)
     return {"tool": "tools/ort_training/native_step.py bench", "onnxruntime_training": onnxruntime.__version__,
-            "artifact": directory.name, "steps": rows}
+            "artifact": directory.name, "steps": rows, "architectures": others}
+
+
+def optimizer_kernels(directory: Path) -> int:
+    """Kernels per optimizer step: one per node of the optimizer model (one AdamWOptimizer over every parameter)."""
+    import onnx
+
+    return len(onnx.load(directory / "optimizer_model.onnx", load_external_data=False).graph.node)
 
 
 def time_native(directory: Path, steps: int, threads: int, spin: bool, data: dict | None = None) -> dict:
@@ -324,7 +350,7 @@ def median_ms(step, steps: int) -> float:
     return float(np.median(times) * 1e3)
 
 
-def profile_native(directory: Path, steps: int, threads: int) -> dict:
+def profile_native(directory: Path, steps: int, threads: int, data: dict | None = None) -> dict:
     """Kernel milliseconds and kernels per step by op type of the training session (onnxruntime's profiler),
     {op: [ms, count]}, and the optimizer step's wall-clock median, for ``tools/step_profile.py``."""
     import tempfile
@@ -341,7 +367,7 @@ def profile_native(directory: Path, steps: int, threads: int) -> dict:
         state = CheckpointState.load_checkpoint(str(directory / "checkpoint"))
         module = Module(str(directory / "training_model.onnx"), state, device="cpu", session_options=options)
         optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
-        data = np.load(directory / "data.npz")
+        data = data if data is not None else np.load(directory / "data.npz")
         x, y = data["input"], data["labels"]
         module.train()
         optimizer_ms = []
@@ -483,6 +509,8 @@ def main() -> int:
     c.add_argument("--batches", type=int, nargs="+", default=[4, 64, 256])
     c.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     c.add_argument("--steps", type=int, default=20)
+    c.add_argument("--architectures", nargs="*", default=list(ARCHITECTURES),
+                   help="committed artifacts beside --artifact, each timed at its own batch (default: %(default)s)")
     tt = sub.add_parser("torch")
     tt.add_argument("directory", type=Path)
     tt.add_argument("--steps", type=int, default=30)
@@ -511,7 +539,7 @@ def main() -> int:
     elif args.command == "make":
         make(args.network, args.batch, args.out)
     elif args.command == "bench":
-        result = bench(args.artifact, args.batches, args.threads, args.steps)
+        result = bench(args.artifact, args.batches, args.threads, args.steps, args.architectures)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.out}")
     else:

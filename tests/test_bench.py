@@ -254,7 +254,8 @@ def test_bench_training_without_torch_writes_json_and_markdown(tmp_path, capsys)
 
 def test_bench_training_reads_the_onnxruntime_training_json(tmp_path, capsys):
     native = tmp_path / "native.json"
-    kernels = {"ConvGrad": [0.1, 5.0], "Conv": [0.03, 3.0], "FusedConv": [0.02, 2.0], "InPlaceAccumulatorV2": [0.04, 14]}
+    kernels = {"ConvGrad": [0.1, 5.0], "Conv": [0.03, 3.0], "FusedConv": [0.02, 2.0],
+               "InPlaceAccumulatorV2": [0.04, 14]}
     native.write_text(json.dumps({"tool": bench_training.NATIVE_TOOL, "artifact": "cnn", "onnxruntime_training": "x",
                                   "steps": [{"batch": 4, "threads": 1, "median_ms": 0.5, "kernels": kernels,
                                              "optimizer_kernels": 1},

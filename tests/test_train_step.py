@@ -216,3 +216,64 @@ def test_flat_optimizer_update_gives_the_same_bits_as_one_update_per_parameter(t
     assert runs[0].keys() == runs[1].keys()
     for name in runs[1]:
         np.testing.assert_array_equal(runs[0][name], runs[1][name], err_msg=name)
+
+
+def _flat_feeds(step, feeds):
+    """Per-parameter feeds in the flat state form: each flat input the concatenation of its parameters' values."""
+    views = step.interface.views()
+    out = {n: v for n, v in feeds.items() if n not in views}
+    for f in step.interface.flat:
+        for name in f.names:
+            out[name] = np.concatenate([np.asarray(feeds[n]).reshape(-1) for n, (flat, *_) in views.items()
+                                        if flat == name])
+    return out
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", ["cnn", "bert", "mlp", "lstm", "mobilenet"])
+def test_flat_state_gives_the_per_parameter_steps_bits(name, target):
+    """The flat state form (what Trainer runs): one input and output per element type for the parameters and
+    each moment; two steps from the same state give the per-parameter form's bits, in fewer kernels."""
+    each, flat = _built(name, target), train_step(ARTIFACTS / name, target=target, flat_state=True)
+    interface = flat.interface
+    assert interface.params == each.interface.params and interface.flat
+    onnx.checker.check_model(flat.model, full_check=True)
+    in_flat = [p for f in interface.flat for p in f.params]
+    assert len(in_flat) == len(set(in_flat)) and set(in_flat) <= set(interface.params)
+    inputs = {i.name: i for i in flat.model.graph.input}
+    for f in interface.flat:
+        assert f.names[0] == "flat.params.float32" and len(f.names) == (3 if interface.moments else 1)
+        for n in f.names:
+            assert [d.dim_value for d in inputs[n].type.tensor_type.shape.dim] == [f.size]
+            assert f"{n}.updated" in {o.name for o in flat.model.graph.output}
+    assert not set(in_flat) & set(inputs)  # no per-parameter input for what the flat state holds
+    assert set(interface.state_inputs) == {o.name.removesuffix(".updated") for o in flat.model.graph.output[1:]}
+    assert sum(n.op_type != "Constant" for n in flat.model.graph.node) < \
+        sum(n.op_type != "Constant" for n in each.model.graph.node)
+    _, feeds = _start(name, each)
+    runs = {}
+    for key, step, fed in (("each", each, feeds), ("flat", flat, _flat_feeds(flat, feeds))):
+        session = ort.InferenceSession(step.model.SerializeToString(), providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        for k in (1, 2):
+            out = dict(zip(names, session.run(None, {**fed, "step": np.array([k], np.int64)}), strict=True))
+            fed = {**fed, **{n: out[f"{n}.updated"] for n in step.interface.state_inputs}}
+        runs[key] = (out, fed)
+    (out_each, state_each), (out_flat, state_flat) = runs["each"], runs["flat"]
+    np.testing.assert_array_equal(out_each[interface.loss], out_flat[interface.loss])
+    views = interface.views()
+    for n in each.interface.state_inputs:
+        if n in views:
+            flat_name, start, end, shape = views[n]
+            got = state_flat[flat_name][start:end].reshape(shape)
+        else:
+            got = state_flat[n]
+        np.testing.assert_array_equal(got, state_each[n], err_msg=n)
+
+
+def test_cli_writes_the_flat_state_form(tmp_path, capsys):
+    out = tmp_path / "step.onnx"
+    assert main(["train-step", str(ARTIFACTS / "cnn"), "-o", str(out), "--flat-state"]) == 0
+    printed = capsys.readouterr().out
+    assert "14 parameters (14 of them in flat.params.float32, with moments)" in printed
+    assert onnx.load(out) == train_step_model(ARTIFACTS / "cnn", flat_state=True)

@@ -12,7 +12,7 @@ from lowering.cli.arguments import positive_int
 from lowering.cli.run import load_npz
 from lowering.modelio import write_atomic
 from lowering.rules import TARGETS
-from lowering.training.train_step import FIRST_MOMENT, SECOND_MOMENT
+from lowering.training.train_step import FIRST_MOMENT, SECOND_MOMENT, train_step
 from lowering.training.trainer import batches, lower_artifacts, starting_point
 from lowering.training.web_bundle import write_bundle
 from opdef.errors import OplowerError
@@ -31,6 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="STEP.onnx", help="where to write the train-step model")
     p.add_argument("--target", choices=TARGETS, default="onnxruntime",
                    help="lowering target (portable: runs in OpenVINO and tract too; default onnxruntime)")
+    p.add_argument("--flat-state", action="store_true",
+                   help="the parameters and moments of each element type as one flat input and output "
+                        "(flat.params.<type>, ...; what oplower train runs: fewer kernels) instead of one per "
+                        "parameter")
     p.add_argument("--bundle", metavar="WEB_DIR",
                    help="also write what the browser page trains: the model, bundle.json and tensors.bin "
                         "(needs --data)")
@@ -51,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     if not math.isfinite(args.lr) or args.lr <= 0:
         raise TrainStepArgumentError(f"--lr {args.lr}: the learning rate must be finite and > 0")
     directory = Path(args.artifacts)
-    models = lower_artifacts(directory, target=args.target)
+    # the browser page feeds one tensor per parameter: the bundle keeps that form
+    models = lower_artifacts(directory, target=args.target, flat_state=False)
     step = models.step
     interface = step.interface
     if args.bundle:
@@ -67,10 +72,17 @@ def run(args: argparse.Namespace) -> int:
                      learning_rate=args.lr, moments=start.moments, steps_taken=start.step)
         print(f"wrote {args.bundle} (train_step.onnx, bundle.json, tensors.bin: {args.steps} steps)")
     if args.output:
+        if args.flat_state:
+            step = train_step(directory, target=args.target, flat_state=True)
+            interface = step.interface
         write_atomic(Path(args.output), step.model.SerializeToString())
         moments = f", {FIRST_MOMENT[1:]}/{SECOND_MOMENT[1:]} per parameter" if interface.moments else ""
+        flat = {p for f in interface.flat for p in f.params}
+        where = ", ".join(f.names[0] for f in interface.flat)
+        held = f" ({len(flat)} of them in {where}{', with moments' * bool(moments)})" if flat else ""
+        moments = "" if flat and len(flat) == len(interface.params) else moments
         print(f"wrote {args.output}: inputs {', '.join(interface.data)}, learning_rate, step, "
-              f"{len(interface.params)} parameters{moments}, {len(interface.frozen)} frozen values; "
+              f"{len(interface.params)} parameters{held}{moments}, {len(interface.frozen)} frozen values; "
               f"outputs {interface.loss} and the .updated state")
     return 0
 

@@ -20,6 +20,8 @@ Interface (fixed; ``TrainStepInterface`` lists it for a given artifact):
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +47,38 @@ FIRST_MOMENT, SECOND_MOMENT = ".first_order_moment", ".second_order_moment"
 
 
 @dataclass(frozen=True)
+class FlatState:
+    """One element type's parameters held in one flat 1-D input (the flat state form): ``names[0]`` holds the
+    parameters one after another in ``params`` order (each flattened), ``names[1:]`` (AdamW) the first and
+    second moments alike; each name's ``<name>.updated`` output holds the same after the step."""
+
+    params: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    elem_type: int
+    names: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
+
+    def views(self, moments: bool) -> dict[str, tuple[str, int, int, tuple[int, ...]]]:
+        """{per-parameter state name: (flat input, start, end, shape)}: ``<p>`` and, with ``moments``,
+        ``<p>.first_order_moment`` / ``<p>.second_order_moment``."""
+        suffixes = ("", FIRST_MOMENT, SECOND_MOMENT) if moments else ("",)
+        out = {}
+        start = 0
+        for p, shape, size in zip(self.params, self.shapes, self.sizes, strict=True):
+            for name, suffix in zip(self.names, suffixes, strict=True):
+                out[p + suffix] = (name, start, start + size, shape)
+            start += size
+        return out
+
+
+@dataclass(frozen=True)
 class TrainStepInterface:
     """The train-step model's inputs and outputs by kind (names as in the module docstring)."""
 
@@ -55,12 +89,20 @@ class TrainStepInterface:
     updated_frozen: tuple[str, ...]  # the frozen values a training op updates: <name>.updated outputs
     loss: str
     optimizer: str  # the optimizer op: AdamWOptimizer or SGDOptimizerV2
+    flat: tuple[FlatState, ...] = ()  # the flat state form: the parameters (and moments) held per element type
 
     @property
     def state_inputs(self) -> tuple[str, ...]:
         """The inputs a step updates, each the input of the output ``<name>.updated``."""
-        moments = tuple(p + m for p in self.params for m in (FIRST_MOMENT, SECOND_MOMENT)) if self.moments else ()
-        return (*self.params, *moments, *self.updated_frozen)
+        flat = {p for f in self.flat for p in f.params}
+        own = [p for p in self.params if p not in flat]
+        moments = tuple(p + m for p in own for m in (FIRST_MOMENT, SECOND_MOMENT)) if self.moments else ()
+        return (*(n for f in self.flat for n in f.names), *own, *moments, *self.updated_frozen)
+
+    def views(self) -> dict[str, tuple[str, int, int, tuple[int, ...]]]:
+        """{per-parameter state name (``<p>``, its moments): (flat input, start, end, shape)} of the parameters the
+        flat state holds (empty in the per-parameter form)."""
+        return {k: v for f in self.flat for k, v in f.views(self.moments).items()}
 
 
 @dataclass(frozen=True)
@@ -69,8 +111,10 @@ class TrainStep:
     interface: TrainStepInterface
 
 
-def train_step(directory: Path | str, *, target: str = "onnxruntime") -> TrainStep:
-    """Build the train-step model of a generate_artifacts directory, lowered for ``target``."""
+def train_step(directory: Path | str, *, target: str = "onnxruntime", flat_state: bool = False) -> TrainStep:
+    """Build the train-step model of a generate_artifacts directory, lowered for ``target``; ``flat_state``:
+    the parameters (and moments) of each element type as one flat input and output (see the module docstring)
+    instead of one per parameter."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ModelError(f"{directory}: not an artifact directory (expected {TRAINING_MODEL} and {OPTIMIZER_MODEL})")
@@ -87,13 +131,15 @@ def train_step(directory: Path | str, *, target: str = "onnxruntime") -> TrainSt
     except OplowerError as exc:
         raise LoweringError(f"{optimizer_path}: {exc}") from None
     interface = _interface(training, lowered, gradients, node.op_type)
-    _append_updates(lowered, interface, gradients, settings, portable=target == "portable")
+    interface = _append_updates(lowered, interface, gradients, settings, portable=target == "portable",
+                                flat_state=flat_state)
     return TrainStep(lowered, interface)
 
 
-def train_step_model(directory: Path | str, *, target: str = "onnxruntime") -> onnx.ModelProto:
+def train_step_model(directory: Path | str, *, target: str = "onnxruntime", flat_state: bool = False
+                     ) -> onnx.ModelProto:
     """The train-step model of a generate_artifacts directory (see the module docstring)."""
-    return train_step(directory, target=target).model
+    return train_step(directory, target=target, flat_state=flat_state).model
 
 
 def _without_accumulators(training: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto, dict[str, str]]:
@@ -178,9 +224,9 @@ def _is_frozen(graph: onnx.GraphProto, name: str, params: tuple[str, ...]) -> bo
 
 
 def _append_updates(model: onnx.ModelProto, interface: TrainStepInterface, gradients: dict[str, str],
-                    adamw: AdamW | None, portable: bool = False) -> None:
+                    adamw: AdamW | None, portable: bool = False, flat_state: bool = False) -> TrainStepInterface:
     """Append the unrolled optimizer update to the lowered training graph and set the interface's inputs
-    and outputs."""
+    and outputs; returns the interface (with its flat state groups in the flat state form)."""
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
     taken = {vi.name for vi in (*graph.input, *graph.output, *graph.value_info)} | {t.name for t in graph.initializer}
@@ -194,23 +240,39 @@ def _append_updates(model: onnx.ModelProto, interface: TrainStepInterface, gradi
                   helper.make_tensor_value_info("step", TensorProto.INT64, [1])]
     new_outputs = [outputs[interface.loss]]
     scalars = adamw.step_scalars(b, lr, b.op1("Reshape", ["step", scalar_shape], hint="step")) if adamw else None
-    moment_inputs, moment_outputs = [], []
+    flat_groups = []
     for group in _flat_groups(interface.params, inputs):
-        _flat_update(b, lr, scalars, adamw, group, gradients, inputs, portable)
+        if flat_state and len(group) > 1:
+            flat_groups.append(_flat_state_update(b, lr, scalars, adamw, group, gradients, inputs, portable, taken))
+        else:
+            _flat_update(b, lr, scalars, adamw, group, gradients, inputs, portable)
+    interface = dataclasses.replace(interface, flat=tuple(flat_groups))
+    in_flat = {p for f in flat_groups for p in f.params}
+    moment_inputs, moment_outputs = [], []
+    for f in flat_groups:
+        for name in f.names:
+            moment_inputs.append(helper.make_tensor_value_info(name, f.elem_type, [f.size]))
+            new_outputs.append(helper.make_tensor_value_info(f"{name}.updated", f.elem_type, [f.size]))
     for p in interface.params:
+        if p in in_flat:
+            continue
         if adamw is not None:
             m1, m2 = p + FIRST_MOMENT, p + SECOND_MOMENT
             moment_inputs += [_like(inputs[p], m1), _like(inputs[p], m2)]
             moment_outputs += [_like(inputs[p], f"{m1}.updated"), _like(inputs[p], f"{m2}.updated")]
         new_outputs.append(_like(inputs[p], f"{p}.updated"))
     new_outputs += moment_outputs + [outputs[f"{n}.updated"] for n in interface.updated_frozen]
-    ordered_inputs = [inputs[n] for n in interface.data] + new_inputs + [inputs[p] for p in interface.params] \
-        + moment_inputs + [inputs[n] for n in interface.frozen]
+    own = [inputs[p] for p in interface.params if p not in in_flat]
+    ordered_inputs = [inputs[n] for n in interface.data] + new_inputs + own + moment_inputs + \
+        [inputs[n] for n in interface.frozen]
     del graph.input[:]
     graph.input.extend(ordered_inputs)
     del graph.output[:]
     graph.output.extend(new_outputs)
+    if flat_groups:  # the parameters cut out of the flat inputs come before the nodes reading them
+        _sort_topologically(graph)
     _prune(graph)
+    return interface
 
 
 def _static_shape(value_info: onnx.ValueInfoProto) -> tuple[int, ...] | None:
@@ -291,6 +353,53 @@ def _flat_update(b: NodeBuilder, lr: str, scalars, adamw: AdamW | None, group: l
     split(m2_new, [moments(p)[1] for p in group])
 
 
+def _flat_state_update(b: NodeBuilder, lr: str, scalars, adamw: AdamW | None, group: list[str],
+                       gradients: dict[str, str], inputs: Mapping[str, onnx.ValueInfoProto], portable: bool,
+                       taken: set[str]) -> FlatState:
+    """The flat state form of :func:`_flat_update`: the group's parameters (and moments) arrive as one flat
+    input each, the parameters are cut out of it for the forward and backward pass (one Split, a Reshape per
+    parameter of rank other than 1), the gradients are flattened into one tensor (a Reshape per such gradient,
+    one Concat), and the update's elementwise chain writes the flat outputs itself: about 2 kernels per
+    parameter, against 7 when every parameter and moment is an input and an output of its own."""
+    elem = inputs[group[0]].type.tensor_type.elem_type
+    shapes = tuple(_static_shape(inputs[p]) for p in group)
+    suffix = np.dtype(helper.tensor_dtype_to_np_dtype(elem)).name
+    names = tuple(f"flat{kind}.{suffix}" for kind in (".params", *((FIRST_MOMENT, SECOND_MOMENT) if adamw else ())))
+    clash = [n for n in names if n in taken or f"{n}.updated" in taken]
+    if clash:
+        raise ModelError(f"the training model already has a value named {clash[0]!r} (the train-step model's "
+                         "flat state input)")
+    state = FlatState(tuple(group), shapes, elem, names)
+    flat = [len(shape) == 1 for shape in shapes]
+    sizes = list(state.sizes)
+    # the parameters out of the flat input, under their own names (what the training graph reads)
+    pieces = [p if is_flat else b.fresh("piece") for p, is_flat in zip(group, flat, strict=True)]
+    if portable:
+        for end, size, piece in zip(np.cumsum(sizes), sizes, pieces, strict=True):
+            b.op1("Slice", [names[0], b.const(np.array([end - size], np.int64), hint="start"),
+                            b.const(np.array([end], np.int64), hint="end")], piece)
+    elif b.opset < 13:  # the sizes an attribute
+        b.op("Split", [names[0]], pieces, axis=0, split=sizes)
+    else:
+        b.op("Split", [names[0], b.const(np.array(sizes, np.int64), hint="sizes")], pieces, axis=0)
+    for piece, p, shape, is_flat in zip(pieces, group, shapes, flat, strict=True):
+        if not is_flat:
+            b.op1("Reshape", [piece, b.const(np.array(shape, np.int64), hint="shape")], p)
+    flat_shape = b.const(np.array([-1], np.int64), hint="flat")
+    g = b.op1("Concat", [gradients[p] if is_flat else b.op1("Reshape", [gradients[p], flat_shape])
+                         for p, is_flat in zip(group, flat, strict=True)], axis=0, hint="flat_gradients")
+    first = len(b.nodes)  # the update's nodes: their results are renamed to the outputs
+    if adamw is None:
+        results = (sgd_update(b, lr, names[0], g),)
+    else:
+        results = adamw.update(b, lr, scalars, names[0], g, names[1], names[2])
+    renamed = {value: f"{name}.updated" for value, name in zip(results, names, strict=True)}
+    for node in b.nodes[first:]:  # fresh names, read only by the update's own later nodes
+        node.input[:] = [renamed.get(n, n) for n in node.input]
+        node.output[:] = [renamed.get(n, n) for n in node.output]
+    return state
+
+
 def _like(value_info: onnx.ValueInfoProto, name: str) -> onnx.ValueInfoProto:
     copy = onnx.ValueInfoProto()
     copy.CopyFrom(value_info)
@@ -318,6 +427,38 @@ def _prune(graph: onnx.GraphProto) -> None:
     graph.value_info.extend(kept_info)
 
 
+def _sort_topologically(graph: onnx.GraphProto) -> None:
+    """Reorder the nodes so that each comes after the producers of what it reads (a subgraph's outer reads
+    included), keeping the given order wherever it already is one."""
+    nodes = list(graph.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    readers: dict[int, list[int]] = {}
+    waiting = []
+    for i, node in enumerate(nodes):
+        reads = set(node.input)
+        for attr in node.attribute:
+            for body in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                reads |= _outer_reads(body)
+        needs = {producer[r] for r in reads if r in producer and producer[r] != i}
+        for j in needs:
+            readers.setdefault(j, []).append(i)
+        waiting.append(len(needs))
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for j in readers.get(i, ()):
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(ready, j)
+    if len(order) != len(nodes):
+        raise ModelError("the train-step graph has a cycle")
+    del graph.node[:]
+    graph.node.extend(nodes[i] for i in order)
+
+
 def _outer_reads(body: onnx.GraphProto) -> set[str]:
     reads = set()
     for node in body.node:
@@ -341,7 +482,14 @@ class BoundStep:
         self._ort = ort
         self.session, self.interface = session, interface
         self._names = interface.state_inputs
-        self._sets = [{n: ort.OrtValue.ortvalue_from_numpy(np.array(state[n], copy=True)) for n in self._names}
+        # the flat state form: per-parameter state names are views into the flat inputs
+        self._views = interface.views()
+        initial = {n: state[n] for n in self._names if n in state}
+        for f in interface.flat:
+            for name in f.names:
+                pieces = [np.asarray(state[p]).reshape(-1) for p, (flat, *_) in self._views.items() if flat == name]
+                initial[name] = np.concatenate(pieces).astype(helper.tensor_dtype_to_np_dtype(f.elem_type))
+        self._sets = [{n: ort.OrtValue.ortvalue_from_numpy(np.array(initial[n], copy=True)) for n in self._names}
                       for _ in range(2)]
         self._constants = {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v)) for n, v in constants.items()}
         self._lr = ort.OrtValue.ortvalue_from_numpy(np.array(learning_rate, np.float32).reshape(1))
@@ -387,14 +535,34 @@ class BoundStep:
         self._lr.update_inplace(np.array([learning_rate], np.float32))
 
     def read(self, names: Iterable[str]) -> dict[str, np.ndarray]:
-        """The current values of state (or constant) inputs, as NumPy copies."""
+        """The current values of state (or constant) inputs, as NumPy copies; a parameter (or moment) the flat
+        state holds by its own name, cut out of its flat input."""
         current = self._sets[self._current]
-        # .numpy() of a CPU OrtValue may share its memory, which the next step overwrites: copy
-        return {n: np.array((current[n] if n in current else self._constants[n]).numpy(), copy=True) for n in names}
+        out = {}
+        for n in names:
+            if n in self._views:
+                flat, start, end, shape = self._views[n]
+                out[n] = np.array(current[flat].numpy()[start:end], copy=True).reshape(shape)
+            else:
+                # .numpy() of a CPU OrtValue may share its memory, which the next step overwrites: copy
+                out[n] = np.array((current[n] if n in current else self._constants[n]).numpy(), copy=True)
+        return out
 
     def write(self, values: Mapping[str, np.ndarray]) -> None:
-        """Replace state (or constant) values; shapes must stay."""
+        """Replace state (or constant) values; shapes must stay. A parameter (or moment) the flat state holds is
+        written into its place in the flat input."""
         current = self._sets[self._current]
+        flats: dict[str, np.ndarray] = {}
         for name, value in values.items():
+            if name in self._views:
+                flat, start, end, shape = self._views[name]
+                if flat not in flats:
+                    flats[flat] = np.array(current[flat].numpy(), copy=True)
+                if tuple(np.shape(value)) != tuple(shape):
+                    raise ValueError(f"{name}: shape {list(np.shape(value))}; the parameter has {list(shape)}")
+                flats[flat][start:end] = np.asarray(value, flats[flat].dtype).reshape(-1)
+                continue
             held = current[name] if name in current else self._constants[name]
             held.update_inplace(np.ascontiguousarray(np.asarray(value, held.numpy().dtype)))
+        for flat, array in flats.items():
+            current[flat].update_inplace(array)

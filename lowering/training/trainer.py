@@ -74,9 +74,11 @@ def moment_count(models: TrainingModels) -> int:
     return sum(1 for m in MOMENTS if m in names)
 
 
-def lower_artifacts(directory: Path | str, *, target: str = "onnxruntime") -> TrainingModels:
+def lower_artifacts(directory: Path | str, *, target: str = "onnxruntime", flat_state: bool = True) -> TrainingModels:
     """Load and lower ``training_model.onnx`` and ``optimizer_model.onnx`` for ``target`` (see
-    lowering.rules.TARGETS); refuse what would not run."""
+    lowering.rules.TARGETS); refuse what would not run. The train-step model (``step``) holds the parameters and
+    moments of each element type as one flat state unless ``flat_state`` is false (one input and output per
+    parameter: :mod:`lowering.training.train_step`)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ModelError(f"{directory}: not an artifact directory (expected {TRAINING_MODEL} and {OPTIMIZER_MODEL})")
@@ -107,7 +109,7 @@ def lower_artifacts(directory: Path | str, *, target: str = "onnxruntime") -> Tr
                          "from generate_artifacts)")
     if not training.graph.output:
         raise ModelError(f"{directory / TRAINING_MODEL}: no outputs (expected the loss first)")
-    step = train_step(directory, target=target)
+    step = train_step(directory, target=target, flat_state=flat_state)
     return TrainingModels(training, optimizer, training.graph.output[0].name, params, data, step, labels)
 
 

@@ -437,3 +437,63 @@ def test_rnn_refuses_what_it_cannot_differentiate():
                        17, 0, {"x": ["t", 2, 3]})
     with pytest.raises(GradientError, match="sequence length"):
         build_artifacts(forward, ["W", "R"], loss=None)
+
+
+# -- Pad's other modes and AveragePool over a symbolic batch (the separable maps of upsample.py) ---------------------
+
+@pytest.mark.parametrize("mode,pads,opset", [
+    ("reflect", [0, 0, 1, 2, 0, 0, 2, 1], 17), ("edge", [0, 0, 2, 0, 0, 0, 1, 3], 17),
+    ("reflect", [0, 0, 0, 3, 0, 0, 0, 3], 17), ("wrap", [0, 0, 1, 2, 0, 0, 2, 1], 19)],
+    ids=["reflect", "edge", "reflect-wide", "wrap"])
+def test_pad_modes(mode, pads, opset):
+    data = {"x": rnd(2, 3, 4, 5, seed=50)}
+    params = {"s": rnd(3, 1, 1, seed=51) + 1.0}
+    nodes = [helper.make_node("Mul", ["x", "s"], ["xs"]), helper.make_node("Pad", ["xs", "pads"], ["p"], mode=mode),
+             helper.make_node("Tanh", ["p"], ["out"])]
+    check(nodes, "out", data, params, consts={"pads": np.array(pads, np.int64)}, opset=opset)
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(kernel_shape=[2, 2], strides=[2, 2]),
+    dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1]),
+    dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1),
+    dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 0, 0], ceil_mode=1),
+    dict(kernel_shape=[2, 3], strides=[2, 2], pads=[0, 1, 0, 1], ceil_mode=1, count_include_pad=1),
+    dict(kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER")],
+    ids=["plain", "pads", "include-pad", "ceil", "ceil-include-pad", "same-upper"])
+def test_average_pool_with_a_symbolic_batch(attrs):
+    """No AveragePoolGrad where the batch is symbolic (onnxruntime-training's kernel would make it 0 rows)."""
+    data = {"x": rnd(3, 2, 5, 6, seed=52)}
+    params = {"w": rnd(2, 2, 1, 1, seed=53)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("AveragePool", ["c"], ["out"], **attrs)]
+    training = check(nodes, "out", data, params, symbolic={"x": ["n", 2, 5, 6]})
+    assert not any(n.op_type == "AveragePoolGrad" for n in training.graph.node)
+
+
+def test_integer_frozen_parameters_are_constants_to_the_rules():
+    """onnxruntime's tutorials freeze every initializer not trained: a hand-built graph's pads then are a frozen
+    parameter (a training-model input fed from the checkpoint). An integer one can change in no step, so the rules
+    read its value (Pad reflect needs its pads); a float frozen one (running statistics) stays an input."""
+    data = {"x": rnd(2, 3, 4, seed=60)}
+    params = {"s": rnd(3, 1, seed=61) + 1.0}
+    nodes = [helper.make_node("Mul", ["x", "s"], ["xs"]),
+             helper.make_node("Pad", ["xs", "pads"], ["p"], mode="reflect"),
+             helper.make_node("Mul", ["p", "gain"], ["out"])]
+    consts = {"pads": np.array([0, 1, 2, 0, 0, 1], np.int64), "gain": np.array(1.5, np.float32)}
+    forward = _forward(nodes, "out", data, params, consts, 17, 0, None)
+    art = build_artifacts(forward, ["s"], frozen_params=["pads", "gain"], loss=None)
+    assert {"pads", "gain"} <= {i.name for i in art.training.graph.input}  # still fed as frozen parameters
+    model, exposed = _exposed(art.training)
+    feeds = {"x": data["x"].astype(np.float32), "s": params["s"].astype(np.float32), **consts}
+    got = run_model(lower_model(model), {k: v for k, v in feeds.items()
+                                         if k in {i.name for i in model.graph.input}})[exposed["s"]]
+    # d/ds sum(W * 1.5 * pad(x * s)) = sum(pad^T(1.5 W) * x) over all but s's axis; pad^T by numpy's np.pad of
+    # each unit tensor (numpy's "reflect" is ONNX's)
+    weights = np.random.default_rng(1000).standard_normal((2, 4, 7)) * 1.5
+    back = np.zeros((2, 3, 4))
+    for index in np.ndindex(back.shape):
+        unit = np.zeros(back.shape)
+        unit[index] = 1.0
+        back[index] = np.sum(weights * np.pad(unit, [(0, 0), (1, 0), (2, 1)], mode="reflect"))
+    want = np.sum(back * data["x"], axis=(0, 2)).reshape(3, 1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

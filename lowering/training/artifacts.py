@@ -268,7 +268,11 @@ def _build(model, requires_grad, frozen_params, loss, optimizer, additional_outp
 
     taken = {n for node in nodes for n in list(node.input) + list(node.output)} | initializer_names | \
         {vi.name for vi in base.graph.input}
-    f = ForwardContext(taken, opset, dict(types), _constants(base, param_set))
+    # a frozen parameter that is no float (a hand-built graph's pads, sizes or axes, frozen as onnxruntime's
+    # tutorials freeze every other initializer) can change in no step: the rules may read it as a constant
+    changing = set(requires) | {t.name for t in base.graph.initializer if t.name in set(frozen)
+                                and t.data_type in FLOAT_TYPES}
+    f = ForwardContext(taken, opset, dict(types), _constants(base, changing))
     keep = frozenset(keep_inference_batch_norm)
     prepared = prepare_forward(nodes, f, keep=keep)
     prepare_nodes = list(f.nodes)

@@ -197,6 +197,11 @@ def average_pool(ctx: GradientContext) -> None:
                        "dX's declared type")
     attrs = _explicit_pads(ctx, attrs, attrs.get("kernel_shape"))
     attrs.pop("dilations", None)
+    if f.static_shape(x) is None:  # a symbolic batch: AveragePoolGrad's kernel reads dX's whole shape (see there)
+        from lowering.training.gradients.upsample import average_pool_gradient  # noqa: PLC0415
+
+        ctx.set_dx(0, average_pool_gradient(ctx, attrs, spatial))
+        return
     elem = f.elem_type(x) or onnx.TensorProto.FLOAT
     padded = _ceil_windows_past_the_padding(ctx, attrs, spatial)
     if padded is None:

@@ -222,8 +222,6 @@ def pad(ctx: GradientContext) -> None:
     f, dy, x = ctx.f, ctx.dy(0), ctx.x(0)
     mode = ctx.attr("mode", b"constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
-    if mode != "constant":
-        raise ctx.fail(f"the gradient of Pad is defined for mode 'constant' only, not {mode!r}")
     if f.opset < 11:
         pads = [int(p) for p in ctx.attr("pads")]
     else:
@@ -234,6 +232,11 @@ def pad(ctx: GradientContext) -> None:
     if f.opset >= 18 and len(ctx.node.input) > 3 and ctx.x(3):
         const_axes = f.constant(ctx.x(3))
         axes = None if const_axes is None or rank is None else [int(a) % rank for a in np.asarray(const_axes).ravel()]
+    if mode != "constant":  # reflect, edge, wrap: the copies summed back (a map per padded axis)
+        from lowering.training.gradients.upsample import pad_gradient  # noqa: PLC0415
+
+        ctx.set_dx(0, pad_gradient(ctx, mode, pads, axes))
+        return
     if pads is not None and axes is not None and all(p >= 0 for p in pads) and len(pads) == 2 * len(axes):
         n = len(axes)
         starts = pads[:n]

@@ -1,4 +1,5 @@
-"""Gradient rules: Resize (nearest, linear, cubic; every coordinate transformation but tf_crop_and_resize).
+"""Gradient rules: Resize (nearest, linear, cubic; every coordinate transformation but tf_crop_and_resize), and
+the separable linear maps Pad (reflect/edge/wrap) and AveragePool over a symbolic batch share with it.
 
 Resize is linear in X and separable: along each resized axis, Y = A X with A an [out, in] interpolation matrix
 that depends only on the sizes, the mode and the coordinate transformation. The rule builds each A as a
@@ -7,7 +8,14 @@ arithmetic, clamped neighbours) and sends the gradient back with the transposes:
 resized axis (a MatMul each; identity axes skipped). onnxruntime-training's own ResizeGrad has no CPU kernel
 (its runtime refuses the artifacts it writes for a torch UNet); the MatMuls run everywhere.
 
-The resized axes' sizes must be static (their A is a constant); a symbolic batch axis is fine (its scale is 1).
+Where the sizes or scales are computed in the graph (torch's nn.Upsample export: a Concat of Constants), A is
+built by the graph from the run's sizes with the same float32 arithmetic (Range, one-hots by Equal).
+
+The same transposed per-axis maps give two other gradients, called from their families' rules:
+:func:`pad_gradient` (Pad in reflect / edge / wrap mode, from ``shape.py``) and :func:`average_pool_gradient`
+(AveragePool over a symbolic batch, from ``conv.py``: onnxruntime-training's AveragePoolGrad kernel takes dX's
+whole shape from its declared type, so a symbolic batch gives it 0 rows -- its own artifacts of such a model
+die with SIGFPE).
 """
 
 from __future__ import annotations
@@ -195,17 +203,23 @@ def resize(ctx: GradientContext) -> None:
             plan.append((axis, matrix))
         else:
             plan.append((axis, None))
+    ctx.set_dx(0, transposed_maps(ctx, dy, [(a, m if m is not None else _runtime_matrix(ctx, a, attrs, scales[a]))
+                                           for a, m in plan], rank))
+
+
+def transposed_maps(ctx: GradientContext, dy: str, maps: list[tuple[int, np.ndarray | str]], rank: int) -> str:
+    """dX of Y = X mapped along each listed axis by A (``[out, in]``: a constant array, or a float32 graph value):
+    dY through every A^T, a MatMul per axis (a Transpose pair around it for the axes before the last two)."""
+    f, x = ctx.f, ctx.x(0)
     dtype = f.np_dtype(x)
     g = dy
-    for axis, matrix in reversed(plan):
-        if matrix is None:
-            weights = _runtime_matrix(ctx, axis, attrs, scales[axis])
-            if dtype != np.float32:
-                weights = f.node1("Cast", [weights], to=f.elem_type(x))
+    for axis, matrix in reversed(maps):
+        if isinstance(matrix, str):
+            weights = matrix if dtype == np.float32 else f.node1("Cast", [matrix], to=f.elem_type(x))
             weights_t = f.node1("Transpose", [weights], perm=[1, 0]) if axis == rank - 2 else None
         else:
-            weights = f.const(matrix.astype(dtype), hint="resize_weights")
-            weights_t = f.const(np.ascontiguousarray(matrix.T).astype(dtype), hint="resize_weights_t") \
+            weights = f.const(matrix.astype(dtype), hint="map_weights")
+            weights_t = f.const(np.ascontiguousarray(matrix.T).astype(dtype), hint="map_weights_t") \
                 if axis == rank - 2 else None
         if axis == rank - 1:
             g = f.node1("MatMul", [g, weights])
@@ -216,9 +230,80 @@ def resize(ctx: GradientContext) -> None:
             perm[axis], perm[-1] = perm[-1], perm[axis]
             moved = f.node1("Transpose", [g], perm=perm)
             g = f.node1("Transpose", [f.node1("MatMul", [moved, weights])], perm=perm)
-    if g == dy:  # nothing resized: Y is X
-        g = f.node1("Identity", [dy])
-    ctx.set_dx(0, g)
+    return f.node1("Identity", [dy]) if g == dy else g  # nothing mapped: Y is X
+
+
+# -- other separable linear maps: Pad's reflect/edge/wrap modes, AveragePool over a symbolic batch ---------------
+
+def pad_gradient(ctx: GradientContext, mode: str, pads: list[int] | None, axes: list[int] | None) -> str:
+    """dX of Pad in mode reflect, edge or wrap: each padded axis maps output position o to one input index
+    (mirrored without the edge, clamped, or modulo the size), so A has one 1 per row and dX sums the copies."""
+    f, x = ctx.f, ctx.x(0)
+    shape = f.shape(x)
+    if pads is None or axes is None or shape is None:
+        raise ctx.fail(f"mode {mode!r}: the pads must be constants and X's rank known")
+    k = len(axes)
+    maps = []
+    for j, axis in enumerate(axes):
+        begin, end = pads[j], pads[j + k]
+        if begin == 0 and end == 0:
+            continue
+        n = shape[axis]
+        if not isinstance(n, int):
+            raise ctx.fail(f"mode {mode!r}: padded axis {axis} must have a static size (it is {n})")
+        source = np.arange(n + begin + end) - begin
+        if mode == "reflect":
+            if n < 2 and (begin > 0 or end > 0):
+                raise ctx.fail(f"mode 'reflect' on axis {axis} of size {n}")
+            period = 2 * (n - 1)
+            source = np.abs((source + period * (1 + abs(int(source.min())) // period)) % period)
+            source = np.where(source > n - 1, period - source, source)
+        elif mode == "edge":
+            source = np.clip(source, 0, n - 1)
+        elif mode == "wrap":
+            source = source % n
+        else:
+            raise ctx.fail(f"mode {mode!r} is unknown")
+        matrix = np.zeros((n + begin + end, n))
+        matrix[np.arange(len(source)), source] = 1.0
+        maps.append((axis, matrix))
+    return transposed_maps(ctx, ctx.dy(0), maps, len(shape))
+
+
+def average_pool_gradient(ctx: GradientContext, attrs: dict, spatial: tuple[int, ...]) -> str:
+    """dX of AveragePool (explicit pads, no dilation) as one map per spatial axis: output o averages the inputs of
+    its window [o s - pad_begin, o s - pad_begin + k), divided by the inputs it covers (count_include_pad 0) or by
+    its part inside the padded input (1); both divisors are products over the axes, so the map is separable.
+    Used where X's batch or channels are symbolic: AveragePoolGrad's kernel reads dX's whole shape from its
+    declared type, and onnxruntime-training's then makes 0 rows (its own artifacts stop with SIGFPE)."""
+    f = ctx.f
+    k = len(spatial)
+    kernel = list(attrs["kernel_shape"])
+    strides = list(attrs.get("strides") or [1] * k)
+    pads = list(attrs.get("pads") or [0] * 2 * k)
+    include = int(attrs.get("count_include_pad", 0))
+    y = f.shape(ctx.y(0))
+    maps = []
+    for a, n in enumerate(spatial):
+        out = y[2 + a] if y is not None and isinstance(y[2 + a], int) else _pool_size(n, kernel[a], strides[a],
+                                                                                      pads[a], pads[a + k], attrs)
+        matrix = np.zeros((out, n))
+        for o in range(out):
+            start = o * strides[a] - pads[a]
+            lo, hi = max(start, 0), min(start + kernel[a], n)
+            count = hi - lo if not include else min(start + kernel[a], n + pads[a + k]) - max(start, -pads[a])
+            if hi > lo:
+                matrix[o, lo:hi] = 1.0 / count
+        maps.append((2 + a, matrix))
+    return transposed_maps(ctx, ctx.dy(0), maps, 2 + k)
+
+
+def _pool_size(n: int, kernel: int, stride: int, begin: int, end: int, attrs: dict) -> int:
+    span = n + begin + end - kernel
+    if int(attrs.get("ceil_mode", 0)):
+        count = -(-span // stride) + 1
+        return count - 1 if (count - 1) * stride >= n + begin else count
+    return span // stride + 1
 
 
 # -- the interpolation matrix at run time (sizes or scales only the run knows) --------------------------------

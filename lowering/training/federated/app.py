@@ -61,7 +61,7 @@ RUN_CONFIG = {
     "target": "onnxruntime", "round-timeout": 600.0, "seed": 0,
 }
 OUR_ERROR = "oplower: "  # an Error reason a client made from one of the project's errors
-POLL_SECONDS = 0.1
+POLL_SECONDS = 0.1  # how often the server pulls replies (deployed: an HTTP request to the SuperLink each)
 
 
 # -- the client ------------------------------------------------------------------------------------------------
@@ -168,7 +168,8 @@ class ServerSettings:
     save_rounds: str = ""  # a directory: the global model after each round, round-<r>.npz
     target: str = "onnxruntime"
     round_timeout: float = 600.0  # seconds FedAvg waits for a phase's replies (missing ones count as failed)
-    seed: int | None = 0  # client sampling (Python's random, which FedAvg's sampling uses)
+    seed: int | None = 0  # client sampling (Python's random, which FedAvg's sampling uses): the same nodes, the same
+    # sample; the Simulation Engine's virtual nodes get new ids each run, so there only the split is reproduced
 
     def check(self) -> None:
         """The one-line errors of settings that cannot run, before anything starts."""
@@ -252,10 +253,20 @@ def _reason(reply: Message) -> str:
     return f"node {reply.metadata.src_node_id}: {reason[:300]}"
 
 
+def _reply_order(reply: Message) -> tuple:
+    """A fixed order of a round's replies (by examples, then loss), so that FedAvg's float32 sums do not depend on
+    the order in which they arrived: the same clients give the same global model, bit for bit."""
+    if reply.has_error():
+        return (1, 0, 0.0, reply.metadata.src_node_id)
+    metrics = next(iter(reply.content.metric_records.values()), {})
+    loss = metrics.get("train-loss", metrics.get("eval-loss", 0.0))
+    return (0, int(metrics.get("num-examples", 0)), float(loss), reply.metadata.src_node_id)
+
+
 class _ReportingFedAvg(FedAvg):
-    """Flower's FedAvg, unchanged in what it samples and aggregates; it also records each round for the
-    summary (sampled clients, failed replies with their reasons, weighted losses, times) and keeps the
-    aggregated arrays of the round."""
+    """Flower's FedAvg, unchanged in what it samples and aggregates (the replies handed to it in a fixed order,
+    :func:`_reply_order`); it also records each round for the summary (sampled clients, failed replies with
+    their reasons, weighted losses, times) and keeps the aggregated arrays of the round."""
 
     def __init__(self, rounds: int, on_round: Callable[[RoundSummary, ArrayRecord | None], None], **kwargs) -> None:
         super().__init__(**kwargs)
@@ -274,7 +285,7 @@ class _ReportingFedAvg(FedAvg):
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        replies = list(replies)
+        replies = sorted(replies, key=_reply_order)
         s = self.current
         good = [r for r in replies if not r.has_error()]
         s.failures = [_reason(r) for r in replies if r.has_error()]
@@ -296,7 +307,7 @@ class _ReportingFedAvg(FedAvg):
         return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
-        replies = list(replies)
+        replies = sorted(replies, key=_reply_order)
         s = self.current
         good = [r for r in replies if not r.has_error()]
         s.evaluated = len(good)
@@ -315,18 +326,22 @@ class _ReportingFedAvg(FedAvg):
 
 class _ProgressGrid:
     """The strategy's Grid with ``send_and_receive`` as Flower's grids do it (push, then pull until every reply
-    is in or the timeout passes), pulling every POLL_SECONDS and reporting each reply to ``on_progress(phase,
-    done, total)``. Everything else is the wrapped Grid's."""
+    is in or the timeout passes), pulling every ``poll`` seconds and reporting each reply to
+    ``on_progress(phase, done, total)``. Everything else is the wrapped Grid's."""
 
-    def __init__(self, grid: Grid, on_progress: Callable[[str, int, int], None] | None) -> None:
+    def __init__(self, grid: Grid, on_progress: Callable[[str, int, int], None] | None,
+                 poll: float = POLL_SECONDS) -> None:
         self._grid = grid
         self._on_progress = on_progress
+        self._poll = poll
 
     def __getattr__(self, name: str):
         return getattr(self._grid, name)
 
     def get_node_ids(self) -> Iterable[int]:
-        return self._grid.get_node_ids()
+        # sorted: FedAvg samples positions of this list with Python's random (seeded), so the same nodes give the
+        # same sample (a deployed SuperNode keeps its id; the Simulation Engine draws new ids every run)
+        return sorted(self._grid.get_node_ids())
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         messages = list(messages)
@@ -342,7 +357,7 @@ class _ProgressGrid:
                 ids.difference_update(m.metadata.reply_to_message_id for m in got)
                 self._progress(phase, total - len(ids), total)
             if ids:
-                time.sleep(POLL_SECONDS)
+                time.sleep(self._poll)
         return replies
 
     def _progress(self, phase: str, done: int, total: int) -> None:
@@ -359,11 +374,11 @@ class FederatedResult:
 
 def serve(grid: Grid, settings: ServerSettings, *, initial: Mapping[str, np.ndarray] | None = None,
           on_round: Callable[[RoundSummary], None] | None = None,
-          on_progress: Callable[[str, int, int], None] | None = None, connect_timeout: float = 120.0
-          ) -> FederatedResult:
+          on_progress: Callable[[str, int, int], None] | None = None, connect_timeout: float = 120.0,
+          poll: float = POLL_SECONDS) -> FederatedResult:
     """Run the federation on ``grid``: wait for ``min_nodes`` nodes, then FedAvg's rounds from ``initial``
     (default: :func:`global_start` of the settings), then write the outputs. Raises FederatedError when no
-    client trained in any round (nothing is written then)."""
+    client trained in any round (nothing is written then). ``poll``: seconds between pulls of the replies."""
     settings.check()
     export_outputs = export_outputs_of(settings.artifacts) if settings.export else None
     if initial is None:
@@ -385,7 +400,7 @@ def serve(grid: Grid, settings: ServerSettings, *, initial: Mapping[str, np.ndar
     strategy = _ReportingFedAvg(settings.rounds, finished, fraction_train=settings.fraction_train,
                                 fraction_evaluate=settings.fraction_evaluate, min_train_nodes=1,
                                 min_evaluate_nodes=1 if settings.fraction_evaluate else 0, min_available_nodes=1)
-    result = strategy.start(grid=_ProgressGrid(grid, on_progress), initial_arrays=_record(initial),
+    result = strategy.start(grid=_ProgressGrid(grid, on_progress, poll), initial_arrays=_record(initial),
                             num_rounds=settings.rounds, timeout=settings.round_timeout,
                             train_config=ConfigRecord({"local-epochs": settings.local_epochs,
                                                        "lr": settings.learning_rate, "target": settings.target}),

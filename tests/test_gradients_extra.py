@@ -497,3 +497,28 @@ def test_integer_frozen_parameters_are_constants_to_the_rules():
         back[index] = np.sum(weights * np.pad(unit, [(0, 0), (1, 0), (2, 1)], mode="reflect"))
     want = np.sum(back * data["x"], axis=(0, 2)).reshape(3, 1)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# -- recurrent.py: reverse / bidirectional LSTM and GRU as forward-direction training nodes -------------------------
+
+@pytest.mark.parametrize("kind,direction", [("LSTM", "reverse"), ("LSTM", "bidirectional"), ("GRU", "reverse"),
+                                            ("GRU", "bidirectional")])
+def test_reverse_and_bidirectional_recurrent_nodes_run_forward_only(kind, direction):
+    """onnxruntime-training's LSTMTraining/LSTMGrad and GRUTraining/GRUGrad kernels refuse any direction but
+    forward ("only supports the forward direction for now"): such a node becomes one forward-direction node per
+    direction (X reversed in time for the reverse one); the gradients still equal float64 finite differences."""
+    d, g, t, b, i, h = (2 if direction == "bidirectional" else 1), (4 if kind == "LSTM" else 3), 4, 2, 3, 2
+    data = {"x": rnd(t, b, i, seed=70)}
+    params = {"W": rnd(d, g * h, i, seed=71, scale=0.6), "R": rnd(d, g * h, h, seed=72, scale=0.6),
+              "B": rnd(d, 2 * g * h, seed=73, scale=0.3), "h0": rnd(d, b, h, seed=74, scale=0.5)}
+    ins = ["x", "W", "R", "B", "", "h0"]
+    outs = ["y", "yh"]
+    nodes = [helper.make_node(kind, ins, outs, hidden_size=h, direction=direction),
+             helper.make_node("ReduceMean", ["y", "ax0"], ["ym"], keepdims=0),
+             helper.make_node("Mul", ["ym", "yh"], ["out"])]
+    training = check(nodes, "out", data, params, consts={"ax0": np.array([0], np.int64)}, opset=18,
+                     custom={f"{kind}Training", f"{kind}Grad", "SliceGrad"})
+    recurrent = [n for n in training.graph.node if n.op_type == f"{kind}Training"]
+    assert len(recurrent) == d
+    assert all(helper.get_attribute_value(next(a for a in n.attribute if a.name == "direction")) == b"forward"
+               for n in recurrent)

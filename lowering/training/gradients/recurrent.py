@@ -89,6 +89,9 @@ def _training_node(node: onnx.NodeProto, f: ForwardContext, kind: str) -> list[o
     ZRH). The original outputs keep their names; HAll gets one if the node had none (the gradient reads it)."""
     if _unsupported(node, f, kind):
         return None  # stays a standard node; its gradient rule says why it cannot be differentiated
+    direction = _text(_attrs(node).get("direction", "forward"))
+    if direction != "forward" and not _input(node, 4):
+        return _forward_only(node, f, kind, direction)
     visible = 3 if kind == "LSTM" else 2
     inputs = list(node.input[:_LSTM_P] if kind == "LSTM" else node.input)  # P, if any, is a constant zero
     while inputs and not inputs[-1]:
@@ -108,6 +111,79 @@ def _training_node(node: onnx.NodeProto, f: ForwardContext, kind: str) -> list[o
                            name=f.fresh(f"{node.name}_training" if node.name else f"{kind}_training"))
     new.attribute.extend(a for a in node.attribute if a.name != "layout")
     return [new]
+
+
+def _forward_only(node: onnx.NodeProto, f: ForwardContext, kind: str, direction: str) -> list[onnx.NodeProto]:
+    """A reverse or bidirectional LSTM/GRU (without sequence_lens) as forward-direction ``<kind>Training`` nodes:
+    onnxruntime-training's LSTMTraining/LSTMGrad and GRUTraining/GRUGrad kernels run the forward direction only
+    ("only supports the forward direction for now"; its own generator writes the reverse and bidirectional
+    nodes its runtime then refuses). The reverse direction reads X reversed in time (a Slice with step -1) and
+    its HAll is reversed back; a bidirectional node's W, R, B, initial_h/c are sliced per direction and the
+    outputs concatenated (Y on the direction axis, Y_h and Y_c on the first). The original outputs keep their
+    names; the gradient flows back through the Slices and Concats by their own rules."""
+    elem = f.elem_type(node.input[0]) or onnx.TensorProto.FLOAT
+    s, _, n, h = _sizes(node, f)
+    directions = 2 if direction == "bidirectional" else 1
+    visible = 3 if kind == "LSTM" else 2
+    wanted = (list(node.output) + [""] * visible)[:visible]
+    nodes: list[onnx.NodeProto] = []
+    base = node.name or kind
+
+    def add(op: str, inputs: list[str], hint: str, shape, **attrs) -> str:
+        out = f.fresh(f"{base}_{hint}")
+        nodes.append(helper.make_node(op, inputs, [out], name=f.fresh(f"{base}_{hint}_{op}"), **attrs))
+        f.set_type(out, elem, shape)
+        return out
+
+    def slice_direction(name: str, d: int) -> str:
+        if not name or directions == 1:
+            return name
+        shape = f.shape(name)
+        return add("Slice", [name, f.const(np.array([d], np.int64), hint="starts"),
+                             f.const(np.array([d + 1], np.int64), hint="ends"), f.axes([0])],
+                   f"{name}_dir{d}", None if shape is None else [1, *shape[1:]])
+
+    def reversed_in_time(name: str, shape) -> str:
+        return add("Slice", [name, f.const(np.array([-1], np.int64), hint="starts"),
+                             f.const(np.array([-(2**63) + 1], np.int64), hint="ends"), f.axes([0]),
+                             f.const(np.array([-1], np.int64), hint="steps")], f"{name}_reversed", shape)
+
+    extra = [("all_cell_states", 1), ("iofc", 4)] if kind == "LSTM" else [("zrh", 3)]
+    finals: list[list[str]] = [[] for _ in range(visible)]
+    x = node.input[0]
+    for d in range(directions):
+        backwards = direction == "reverse" or d == 1
+        x_d = reversed_in_time(x, f.shape(x)) if backwards else x
+        inputs = [x_d] + [slice_direction(_input(node, i), d) for i in (1, 2, 3)] + [""] + \
+            [slice_direction(_input(node, i), d) for i in ((5, 6) if kind == "LSTM" else (5,))]
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        outputs = [f.fresh(f"{base}_dir{d}_{hint}") for hint in ("all_hidden_states", "hidden", "cell")[:visible]]
+        f.set_type(outputs[0], elem, [s, 1, n, h])
+        for name in outputs[1:]:
+            f.set_type(name, elem, [1, n, h])
+        for hint, gates in extra:
+            name = f.fresh(f"{base}_dir{d}_{hint}")
+            f.set_type(name, elem, [s, 1, n, h * gates if isinstance(h, int) else None])
+            outputs.append(name)
+        training = helper.make_node(f"{kind}Training", inputs, outputs, domain=MS,
+                                    name=f.fresh(f"{base}_dir{d}_training"))
+        training.attribute.extend(a for a in node.attribute if a.name not in ("layout", "direction", "activations"))
+        training.attribute.append(helper.make_attribute("direction", "forward"))
+        nodes.append(training)
+        finals[0].append(reversed_in_time(outputs[0], [s, 1, n, h]) if backwards else outputs[0])
+        for k in range(1, visible):
+            finals[k].append(outputs[k])
+    for k, name in enumerate(wanted):
+        if not name:
+            continue
+        parts = finals[k]
+        if len(parts) == 1:
+            nodes.append(helper.make_node("Identity", parts, [name], name=f.fresh(f"{base}_output{k}")))
+        else:
+            nodes.append(helper.make_node("Concat", parts, [name], name=f.fresh(f"{base}_output{k}"),
+                                          axis=1 if k == 0 else 0))
+    return nodes
 
 
 def _lstm_training(node: onnx.NodeProto, f: ForwardContext) -> list[onnx.NodeProto] | None:

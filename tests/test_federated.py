@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,14 @@ import pytest
 
 from lowering.cli import main
 from lowering.training.checkpoint import read_checkpoint
-from lowering.training.federated.local import check_partition, global_start, read_partition, training_models
+from lowering.training.federated import FederatedError
+from lowering.training.federated.local import (
+    check_partition,
+    global_start,
+    read_partition,
+    training_models,
+    write_global,
+)
 from lowering.training.federated.partition import split
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -401,3 +409,105 @@ def test_partition_checks_are_one_line(setup, tmp_path):
     with pytest.raises(Exception, match="'extra' is no data input"):
         check_partition({**good, "extra": good["labels"]}, models, frozen, "p")
     assert check_partition({k: v[0] for k, v in good.items()}, models, frozen, "p") == (1, 4)  # one batch
+
+
+# -- the server's paths with Flower's FedAvg and the real ClientApp, on a Grid that runs it in this process -------
+
+
+class InProcessGrid:
+    """A Grid (what FedAvg uses of it) whose nodes run the deployed ClientApp in this process, one after the
+    other; ``silent`` nodes never answer."""
+
+    def __init__(self, app, nodes: dict[int, dict], artifacts: Path, silent=()) -> None:
+        self.app, self.nodes, self.silent, self.replies, self.sampled = app, nodes, set(silent), {}, []
+        self.run_config = {"artifacts": str(artifacts)}  # the deployed run config's; a node config may override it
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def push_messages(self, messages):
+        from flwr.app import Context, RecordDict
+
+        ids = []
+        for m in messages:
+            m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            ids.append(m.metadata.message_id)
+            node = m.metadata.dst_node_id
+            self.sampled.append((m.metadata.message_type, node))
+            if node not in self.silent:
+                context = Context(run_id=1, node_id=node, node_config=self.nodes[node], state=RecordDict(),
+                                  run_config=self.run_config)
+                self.replies[m.metadata.message_id] = self.app(m, context)
+        return ids
+
+    def pull_messages(self, ids):
+        return [self.replies.pop(i) for i in list(ids) if i in self.replies]
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from lowering.training.federated import app
+
+    for name in ("_run_id", "_task_id", "_node_id"):  # what a Flower runtime sets for the process's messages
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    return app
+
+
+def test_the_server_starts_from_params_or_a_checkpoint(setup, in_process, tmp_path):
+    app, art = in_process, str(setup["art"])
+    nodes = {10 + k: {"partition": str(setup["parts"][name]), "threads": 1} for k, name in enumerate(GOOD)}
+    rng = np.random.default_rng(5)
+    moved = {k: (v + 0.01 * rng.normal(size=v.shape)).astype(v.dtype) for k, v in setup["start"].items()}
+    np.savez(tmp_path / "moved.npz", **moved)
+    write_global(art, moved, save_checkpoint=tmp_path / "moved.ckpt")
+    results = {}
+    for how in ("params", "checkpoint"):
+        path = str(tmp_path / ("moved.npz" if how == "params" else "moved.ckpt"))
+        settings = app.ServerSettings(art, 1, EPOCHS, LR, **{how: path}, save=str(tmp_path / f"{how}.npz"))
+        results[how] = app.serve(InProcessGrid(app.clientapp, nodes, art), settings).state
+        assert worst(dict(np.load(tmp_path / f"{how}.npz")), results[how]) == 0
+    assert worst(results["params"], reference_round(setup, tmp_path / "moved.npz")) <= 1e-6
+    assert worst(results["checkpoint"], results["params"]) == 0
+
+
+def test_fraction_timeouts_and_a_run_nobody_trains(setup, in_process, tmp_path):
+    app, art = in_process, str(setup["art"])
+    nodes = {n: {"partition": str(setup["parts"]["p2"]), "threads": 1} for n in (5, 6, 7, 8)}
+    # FedAvg samples half the nodes each round; seeded, the same nodes sample the same way
+    picks = []
+    for _ in range(2):
+        grid = InProcessGrid(app.clientapp, nodes, art)
+        summaries = app.serve(grid, app.ServerSettings(art, 2, fraction_train=0.5, fraction_evaluate=0.0)).rounds
+        assert [(s.sampled, s.trained, s.eval_sampled) for s in summaries] == [(2, 2, 0), (2, 2, 0)]
+        assert summaries[0].lines()[0].endswith("no evaluation")
+        picks.append(grid.sampled)
+    assert picks[0] == picks[1]
+    # a node that never answers counts as failed once the round's timeout passes
+    grid, progress = InProcessGrid(app.clientapp, nodes, art, silent={8}), []
+    (summary,) = app.serve(grid, app.ServerSettings(art, 1, round_timeout=0.5),
+                           on_progress=lambda *a: progress.append(a)).rounds
+    # what oplower federate's progress bar draws: each phase from 0 replies to the last one that came
+    assert progress[0] == ("train", 0, 4) and ("train", 3, 4) in progress and progress[-1] == ("evaluate", 3, 4)
+    assert (summary.trained, summary.failures) == (3, ["no reply within the round timeout"])
+    assert summary.eval_failures == ["no reply within the round timeout"]
+    # no client trains in any round: one line, nothing written
+    bad = {n: {"partition": str(setup["parts"]["bad_dtype"])} for n in (1, 2)}
+    out = tmp_path / "never.npz"
+    with pytest.raises(FederatedError, match=r"no client trained in any of the 2 round\(s\); nothing written \(the "
+                                             r"first failure: .*bad_dtype.npz: 'labels' is float32"):
+        app.serve(InProcessGrid(app.clientapp, bad, art), app.ServerSettings(art, 2, save=str(out)))
+    assert not out.exists()
+
+
+def test_deployed_configs(setup, in_process):
+    app = in_process
+    settings = app.server_settings_from_config({"artifacts": "a", "rounds": 4, "lr": 0.5, "seed": -1})
+    assert (settings.rounds, settings.learning_rate, settings.seed, settings.min_nodes) == (4, 0.5, None, 2)
+    with pytest.raises(FederatedError, match="run config: unknown key 'round'"):
+        app.server_settings_from_config({"round": 3})
+    # a SuperNode started without a partition answers every message with that one line
+    grid = InProcessGrid(app.clientapp, {1: {}, 2: {"partition": str(setup["parts"]["p2"])}}, setup["art"])
+    (summary,) = app.serve(grid, app.ServerSettings(str(setup["art"]), 1), initial=setup["start"]).rounds
+    assert summary.failures == ["this SuperNode has no partition: start it with --node-config 'partition=\"P.npz\"'"]

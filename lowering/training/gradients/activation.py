@@ -14,6 +14,8 @@ at 0, ThresholdedRelu 0 at alpha.
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import numpy_helper
 
 from lowering.training.gradients.context import GradientContext
 from lowering.training.gradients.registry import gradient_rule
@@ -21,6 +23,7 @@ from lowering.training.gradients.registry import gradient_rule
 MS = "com.microsoft"
 SELU_ALPHA = 1.67326319217681884765625  # the ONNX defaults (float32 values)
 SELU_GAMMA = 1.05070102214813232421875
+_MASK_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16})
 
 
 def _scalar(ctx: GradientContext, value: float, hint: str = "scalar") -> str:
@@ -28,7 +31,16 @@ def _scalar(ctx: GradientContext, value: float, hint: str = "scalar") -> str:
 
 
 def _where(ctx: GradientContext, cond: str, a: str, b: str) -> str:
-    return ctx.f.node1("Where", [cond, a, b])
+    """Where(cond, a, b); where b is a constant 0 in float, double or float16 (a masked gradient), a * Cast(cond)
+    instead: onnxruntime's CPU Where is ~7x slower than Cast + Mul (2.3-2.8 ns more per element on 2 threads, some
+    60 ms of a MobileNetV2 CIFAR step at batch 32 with its 35 ReLU6), the choice the ReluGrad lowering made too."""
+    f = ctx.f
+    elem = f.elem_type(ctx.x(0))
+    zero = next((t for t in f.initializers if t.name == b), None)
+    if elem in _MASK_TYPES and zero is not None and zero.data_type == elem and \
+            not np.any(numpy_helper.to_array(zero)):
+        return f.node1("Mul", [a, f.node1("Cast", [cond], to=elem)])
+    return f.node1("Where", [cond, a, b])
 
 
 def _negative_branch_exp(ctx: GradientContext, scale: float | None = None) -> str:

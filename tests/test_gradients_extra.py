@@ -522,3 +522,20 @@ def test_reverse_and_bidirectional_recurrent_nodes_run_forward_only(kind, direct
     assert len(recurrent) == d
     assert all(helper.get_attribute_value(next(a for a in n.attribute if a.name == "direction")) == b"forward"
                for n in recurrent)
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(kernel_shape=[2], strides=[2]), dict(kernel_shape=[3], strides=[2], pads=[1, 1]),
+    dict(kernel_shape=[3], strides=[2], pads=[1, 0], count_include_pad=1),
+    dict(kernel_shape=[2], strides=[2], ceil_mode=1), dict(kernel_shape=[3], strides=[2], pads=[1, 1], ceil_mode=1,
+                                                          count_include_pad=1)],
+    ids=["plain", "pads", "include-pad", "ceil", "ceil-include-pad"])
+def test_average_pool_over_a_symbolic_length(attrs):
+    """A 1-D AveragePool over a length only the run knows (variable-length audio): the averaging map is built by
+    the graph (AveragePoolGrad would need the length in dX's declared type)."""
+    data = {"x": rnd(2, 2, 9, seed=54)}
+    params = {"w": rnd(2, 2, 1, seed=55)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("AveragePool", ["c"], ["out"], **attrs)]
+    training = check(nodes, "out", data, params, symbolic={"x": ["n", 2, "t"]})
+    assert not any(n.op_type == "AveragePoolGrad" for n in training.graph.node)
+    assert any(n.op_type == "Range" for n in training.graph.node)

@@ -641,6 +641,39 @@ class MlpNllLog(nn.Module):
         return F.nll_loss(torch.log(F.softmax(self.net(x), dim=1) + 1e-6), labels)
 
 
+class EncoderMaskInput(nn.Module):
+    """nn.TransformerEncoder (2 layers, GELU) with src_key_padding_mask given as a second (bool) model input, a
+    symbolic batch and sequence length; the first token's head."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, D, padding_idx=PAD)
+        self.pos = nn.Parameter(0.1 * torch.randn(1, SEQ, D))
+        layer = nn.TransformerEncoderLayer(D, HEADS, FFN, dropout=0.1, activation="gelu", batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(D, 3)
+
+    def forward(self, tokens, pad_mask):
+        h = self.tok(tokens) + self.pos[:, : tokens.shape[1]]
+        return self.head(self.encoder(h, src_key_padding_mask=pad_mask)[:, 0])
+
+
+class AudioDynamic(nn.Module):
+    """1-D audio net over a symbolic batch and length: Conv1d, GroupNorm, MaxPool1d, AvgPool1d, a dilated Conv1d,
+    the mean over time."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.gn = nn.Conv1d(2, 8, 5, stride=2, padding=2), nn.GroupNorm(2, 8)
+        self.c2 = nn.Conv1d(8, 8, 3, padding=2, dilation=2)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = F.max_pool1d(F.silu(self.gn(self.c1(x))), 2)
+        x = F.avg_pool1d(F.relu(self.c2(x)), 2, ceil_mode=True)
+        return self.head(x.mean(-1))
+
+
 def mlp_dyn_bce():
     return nn.Sequential(nn.Linear(6, 16), nn.SELU(), nn.Linear(16, 16), nn.Sigmoid(), nn.Linear(16, 4))
 
@@ -800,6 +833,13 @@ SPECS = {
     "mlp_ce_inmodel": (MlpCeInModel, ("real", (6, 6)), ("none", 5), None, "AdamW", {}),
     "mlp_nll_smooth": (MlpNllSmooth, ("real", (6, 6)), ("none", 5), None, "AdamW", {}),
     "mlp_nll_log": (MlpNllLog, ("real", (6, 6)), ("none", 5), None, "SGD", {"dynamic": True}),
+    "encoder_mask_input": (EncoderMaskInput, ("tokens", (4, SEQ)), ("class", 3), "CrossEntropyLoss", "AdamW",
+                           {"pad": True, "extra": lambda x: {"pad_mask": x == PAD},
+                            "axes": {"input": {0: "batch", 1: "seq"}, "pad_mask": {0: "batch", 1: "seq"},
+                                     "output": {0: "batch"}}}),
+    "unet_dyn": (unet, ("real", (3, 3, 8, 8)), ("real", (3, 2, 8, 8)), "MSELoss", "SGD", {"dynamic": True}),
+    "audio_dyn": (AudioDynamic, ("real", (3, 2, 40)), ("class", 4), "CrossEntropyLoss", "AdamW",
+                  {"axes": {"input": {0: "batch", 2: "time"}, "output": {0: "batch"}}}),
     "mlp_dyn_bce": (mlp_dyn_bce, ("real", (7, 6)), ("binary", 4), "BCEWithLogitsLoss", "AdamW", {"dynamic": True}),
     "mlp_dyn_l1": (mlp_dyn_l1, ("real", (7, 6)), ("real", 2), "L1Loss", "SGD", {"dynamic": True}),
     "hand_gemm": ("hand", ("real", (4, 5)), ("real", 4), "MSELoss", "AdamW", {}),
@@ -882,24 +922,27 @@ def export(name: str, directory: Path, gen: torch.Generator):
     module.train()
     path = directory / "export.onnx"
     dynamic = {"input": {0: "batch"}, "output": {0: "batch"}} if options.get("dynamic") else None
+    dynamic = options.get("axes", dynamic)
+    extra = options["extra"](x) if "extra" in options else {}  # more forward inputs, made from the batch
     if label_kind == "none":
         labels = make_labels(name, (x.shape[0],), rng)
-        args, names = (x, torch.from_numpy(labels)), ["input", "labels"]
+        args, names = (x, *extra.values(), torch.from_numpy(labels)), ["input", *extra, "labels"]
         if dynamic:
             dynamic = {"input": {0: "batch"}, "labels": {0: "batch"}}
     else:
-        args, names = (x,), ["input"]
+        args, names = (x, *extra.values()), ["input", *extra]
     torch.onnx.export(module, args, str(path), input_names=names, output_names=["output"], opset_version=17,
                       do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING, dynamo=False,
                       dynamic_axes=dynamic)
     model = onnx.load(str(path))
     path.unlink()
     feeds = {"input": x.numpy() if x.dtype == torch.int64 else x.numpy().astype(np.float32)}
+    feeds |= {k: v.numpy() for k, v in extra.items()}
     if label_kind == "none":
         feeds["labels"] = labels
     else:
         with torch.no_grad():
-            out = copy.deepcopy(module)(x)
+            out = copy.deepcopy(module)(x, *extra.values())
         feeds["labels" if loss == "CrossEntropyLoss" else "target"] = make_labels(name, tuple(out.shape), rng)
     trainable_torch = [n for n, _ in module.named_parameters()]
     return module, model, feeds, trainable_torch, None
@@ -966,10 +1009,11 @@ def torch_f64_step(name, module, feeds, initial, trainable, mirror) -> dict[str,
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             m.register_forward_pre_hook(bn_hook)
+    extra = [torch.from_numpy(v) for k, v in feeds.items() if k not in ("input", "labels", "target")]
     if label_kind == "none":
-        value = model(x, target)
+        value = model(x, *extra, target)
     else:
-        value = torch_loss(loss, model(x), target)
+        value = torch_loss(loss, model(x, *extra), target)
     value.backward()
     out = {"loss": value.detach().numpy()}
     for p in trainable:
@@ -1071,7 +1115,7 @@ def record(name: str, out_root: Path) -> dict:
     np.savez_compressed(directory / "initial_params.npz", **{k: initial[k] for k in trainable + frozen})
 
     ort = ort_reference(name, directory, exported, feeds, trainable, frozen, loss, optimizer)
-    inputs = list(feeds) if loss is None else ["input", "labels" if loss == "CrossEntropyLoss" else "target"]
+    inputs = list(feeds)  # the forward inputs, then the loss block's labels
     np.savez_compressed(directory / "data.npz", **feeds)
     lr = ort.get("lr", DEFAULT_LR)
     truth, truth_error = None, None
@@ -1086,6 +1130,15 @@ def record(name: str, out_root: Path) -> dict:
             "torch_params_not_initializers": unmapped, "loss": loss, "optimizer": optimizer, "learning_rate": lr,
             "inputs": inputs, "dynamic_batch": bool(options.get("dynamic")), "seed": seed_of(name),
             "ort_failure": ort.get("failure"), "torch_truth_error": truth_error}
+    if "failure" not in ort and truth is not None:
+        scale = max(float(np.abs(truth[f"grad.{p}"]).max()) for p in trainable)
+        gap = max(float(np.abs(ort["grads"][p] - truth[f"grad.{p}"]).max()) for p in trainable) / max(scale, 1e-30)
+        if gap > ARRAY_TOL:  # onnxruntime-training's own step is wrong: the float64 truth is the reference
+            worst = max(trainable, key=lambda p: float(np.abs(ort["grads"][p] - truth[f"grad.{p}"]).max()))
+            meta["ort_wrong"] = f"its gradients err {gap:.2g} of the largest entry against float64 torch "\
+                                f"(worst: {worst})"
+            ort = {"failure": f"wrong gradients: {meta['ort_wrong']}", "traceback": None, "grads": ort["grads"]}
+            meta["ort_failure"] = ort["failure"]
     if "failure" not in ort:
         ref = {"loss": np.asarray(ort["loss"], np.float32)}
         ref |= {f"grad.{p}": g for p, g in ort["grads"].items()}

@@ -191,17 +191,17 @@ def average_pool(ctx: GradientContext) -> None:
     dilations = attrs.get("dilations")
     if dilations is not None and any(int(d) != 1 for d in dilations):
         raise ctx.fail(f"dilations {list(dilations)}: AveragePoolGrad has no dilation")
-    spatial = _spatial_static(ctx, x)
-    if spatial is None:
-        raise ctx.fail(f"X's spatial dims are not static ({_shown(f.shape(x))}): AveragePoolGrad reads them from "
-                       "dX's declared type")
     attrs = _explicit_pads(ctx, attrs, attrs.get("kernel_shape"))
     attrs.pop("dilations", None)
-    if f.static_shape(x) is None:  # a symbolic batch: AveragePoolGrad's kernel reads dX's whole shape (see there)
+    if f.static_shape(x) is None:  # symbolic dims: AveragePoolGrad's kernel reads dX's whole shape (see there)
         from lowering.training.gradients.upsample import average_pool_gradient  # noqa: PLC0415
 
-        ctx.set_dx(0, average_pool_gradient(ctx, attrs, spatial))
+        shape = f.shape(x)
+        if shape is None:
+            raise ctx.fail("X's rank is unknown")
+        ctx.set_dx(0, average_pool_gradient(ctx, attrs, tuple(shape[2:])))
         return
+    spatial = _spatial_static(ctx, x)
     elem = f.elem_type(x) or onnx.TensorProto.FLOAT
     padded = _ceil_windows_past_the_padding(ctx, attrs, spatial)
     if padded is None:

@@ -270,8 +270,9 @@ def pad_gradient(ctx: GradientContext, mode: str, pads: list[int] | None, axes: 
     return transposed_maps(ctx, ctx.dy(0), maps, len(shape))
 
 
-def average_pool_gradient(ctx: GradientContext, attrs: dict, spatial: tuple[int, ...]) -> str:
-    """dX of AveragePool (explicit pads, no dilation) as one map per spatial axis: output o averages the inputs of
+def average_pool_gradient(ctx: GradientContext, attrs: dict, spatial: tuple) -> str:
+    """dX of AveragePool (explicit pads, no dilation) as one map per spatial axis (a constant, or built by the graph
+    where the axis's length is symbolic): output o averages the inputs of
     its window [o s - pad_begin, o s - pad_begin + k), divided by the inputs it covers (count_include_pad 0) or by
     its part inside the padded input (1); both divisors are products over the axes, so the map is separable.
     Used where X's batch or channels are symbolic: AveragePoolGrad's kernel reads dX's whole shape from its
@@ -283,8 +284,12 @@ def average_pool_gradient(ctx: GradientContext, attrs: dict, spatial: tuple[int,
     pads = list(attrs.get("pads") or [0] * 2 * k)
     include = int(attrs.get("count_include_pad", 0))
     y = f.shape(ctx.y(0))
-    maps = []
+    maps: list[tuple[int, np.ndarray | str]] = []
     for a, n in enumerate(spatial):
+        if not isinstance(n, int):  # a length only the run knows: the map built by the graph
+            maps.append((2 + a, _runtime_pool_matrix(ctx, 2 + a, kernel[a], strides[a], pads[a], pads[a + k],
+                                                     include)))
+            continue
         out = y[2 + a] if y is not None and isinstance(y[2 + a], int) else _pool_size(n, kernel[a], strides[a],
                                                                                       pads[a], pads[a + k], attrs)
         matrix = np.zeros((out, n))
@@ -296,6 +301,35 @@ def average_pool_gradient(ctx: GradientContext, attrs: dict, spatial: tuple[int,
                 matrix[o, lo:hi] = 1.0 / count
         maps.append((2 + a, matrix))
     return transposed_maps(ctx, ctx.dy(0), maps, 2 + k)
+
+
+def _runtime_pool_matrix(ctx: GradientContext, axis: int, kernel: int, stride: int, begin: int, end: int,
+                         include: int) -> str:
+    """The [out, in] averaging map of one axis from the run's sizes (float32): row o is 1/count over the inputs
+    of window [o stride - begin, o stride - begin + kernel)."""
+    f = ctx.f
+    f32 = onnx.TensorProto.FLOAT
+    index = f.const(np.asarray(axis, np.int64), hint="axis")
+    n_in = f.node1("Gather", [f.node1("Shape", [ctx.x(0)]), index], axis=0)
+    n_out = f.node1("Gather", [f.node1("Shape", [ctx.dy(0)]), index], axis=0)
+
+    def c(v: int) -> str:
+        return f.const(np.asarray(v, np.int64), hint="int")
+
+    start = f.node1("Sub", [f.node1("Mul", [f.node1("Range", [c(0), n_out, c(1)]), c(stride)]), c(begin)])
+    stop = f.node1("Add", [start, c(kernel)])
+    rows, columns = f.node1("Unsqueeze", [start, f.axes([1])]), f.node1("Range", [c(0), n_in, c(1)])
+    inside = f.node1("And", [f.node1("GreaterOrEqual", [columns, rows]),
+                             f.node1("Less", [columns, f.node1("Unsqueeze", [stop, f.axes([1])])])])
+    if include:
+        last = f.node1("Add", [n_in, c(end)])
+        count = f.node1("Sub", [f.node1("Min", [stop, last]), f.node1("Max", [start, c(-begin)])])
+    else:
+        count = f.node1("Sub", [f.node1("Min", [stop, n_in]), f.node1("Max", [start, c(0)])])
+    share = f.node1("Div", [f.const(np.asarray(1.0, np.float32), hint="one"),
+                            f.node1("Cast", [f.node1("Max", [count, c(1)])], to=f32)])
+    return f.node1("Where", [inside, f.node1("Unsqueeze", [share, f.axes([1])]),
+                             f.const(np.asarray(0.0, np.float32), hint="zero")])
 
 
 def _pool_size(n: int, kernel: int, stride: int, begin: int, end: int, attrs: dict) -> int:

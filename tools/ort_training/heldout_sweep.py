@@ -24,11 +24,15 @@ dynamo=False)``. Per model, ``OUT/<name>/``:
   InvStdDev outputs, every Dropout's mask, make_artifacts.patch_forward -- with the export's own Dropout ratios,
   then every Dropout/DropoutGrad ratio set to 0 in the generated models, make_artifacts.zero_dropout_ratios; one
   ``Module`` step and one ``Optimizer`` step from its checkpoint) or, where onnxruntime-training's generator or
-  runtime fails on the model, ``torch-f64`` (torch autograd on a float64 copy, dropout 0, train mode; the
-  optimizer step computed in float64 with onnxruntime-training's AdamW / SGD formulas);
+  runtime fails on the model or its gradients err more than 1e-4 of the largest entry against float64 torch,
+  ``torch-f64`` (torch autograd on a float64 copy, dropout 0, train mode; the optimizer step computed in float64
+  with onnxruntime-training's AdamW / SGD formulas, batch norm's running statistics as its BatchNormInternal
+  updates them: momentum 0.9, the batch's biased variance -- both formulas checked against its own steps, within
+  6e-8 and 1.2e-7);
 - ``torch_f64.npz``: the float64 truth (``loss``, ``grad.<p>``), for every model;
-- ``meta.json``: the model's description, its ops, the generate_artifacts arguments (trainable_params,
-  frozen_params, loss, optimizer), the learning rate, the inputs, ``ort_failure`` (onnxruntime-training's error, a
+- ``meta.json``: the model's description, its ops, the generate_artifacts arguments (trainable_params = the torch
+  parameters, frozen_params = every other initializer, as onnxruntime's tutorials do; loss, optimizer), the
+  learning rate, the inputs in Module order, ``ort_failure`` (onnxruntime-training's error or wrong gradients, a
   finding: oplower must not share it), onnxruntime-training's gradients against the float64 truth.
 
 ``--run-ours DIR`` loads oplower's artifacts written by tools/heldout_check.py into ``DIR/oplower/`` in

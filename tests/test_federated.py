@@ -290,7 +290,8 @@ def test_deployed_superlink_and_supernodes(setup, simulation):
             node_logs.append(dep / f"supernode_{name}.log")
             procs.append(start([str(bin_dir / "flower-supernode"), "--insecure", "--superlink",
                                 f"127.0.0.1:{link_port}", "--port", str(port),
-                                "--node-config", f'partition="{setup["parts"][name]}"'], node_logs[-1], env))
+                                "--node-config", f'partition="{setup["parts"][name]}" threads=1'], node_logs[-1],
+                                env))
         wait_for("two SuperNodes", lambda: link_log.read_text(errors="replace").count("Activated node_id") >= 2,
                  60, procs)
         config = (f"artifacts='{setup['art']}' rounds=3 local-epochs={EPOCHS} lr={LR} fraction-evaluate=0.0 "
@@ -322,7 +323,9 @@ def test_deployed_superlink_and_supernodes(setup, simulation):
     # the same global model as the simulation of the same partitions (whose bad clients failed every round)
     for r in (1, 2):
         deployed = dict(np.load(dep / "rounds" / f"round-{r}.npz"))
-        assert worst(deployed, dict(np.load(simulation["rounds"] / f"round-{r}.npz"))) <= 1e-6
+        difference = worst(deployed, dict(np.load(simulation["rounds"] / f"round-{r}.npz")))
+        print(f"round {r}: deployed vs simulated {difference:.3g} of the largest entry")
+        assert difference <= 1e-6
     # round 3 is client p1's own oplower train from round 2's global model
     final = dict(np.load(dep / "final.npz"))
     assert worst(final, reference_round(setup, dep / "rounds" / "round-2.npz", names=("p1",))) <= 1e-6

@@ -254,10 +254,11 @@ def _reason(reply: Message) -> str:
 
 
 def _reply_order(reply: Message) -> tuple:
-    """A fixed order of a round's replies (by examples, then loss), so that FedAvg's float32 sums do not depend on
-    the order in which they arrived: the same clients give the same global model, bit for bit."""
+    """A fixed order of a round's replies (by examples, then loss; failures last, by reason), so that FedAvg's
+    float32 sums do not depend on the order in which they arrived: the same clients give the same global model,
+    bit for bit (and the same failure lines)."""
     if reply.has_error():
-        return (1, 0, 0.0, reply.metadata.src_node_id)
+        return (1, 0, 0.0, _reason(reply))
     metrics = next(iter(reply.content.metric_records.values()), {})
     loss = metrics.get("train-loss", metrics.get("eval-loss", 0.0))
     return (0, int(metrics.get("num-examples", 0)), float(loss), reply.metadata.src_node_id)

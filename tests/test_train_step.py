@@ -222,7 +222,7 @@ def _flat_feeds(step, feeds):
     """Per-parameter feeds in the flat state form: each flat input the concatenation of its parameters' values."""
     views = step.interface.views()
     out = {n: v for n, v in feeds.items() if n not in views}
-    for f in step.interface.flat:
+    for f in (*step.interface.flat, *step.interface.flat_frozen):
         for name in f.names:
             out[name] = np.concatenate([np.asarray(feeds[n]).reshape(-1) for n, (flat, *_) in views.items()
                                         if flat == name])
@@ -247,6 +247,12 @@ def test_flat_state_gives_the_per_parameter_steps_bits(name, target):
             assert [d.dim_value for d in inputs[n].type.tensor_type.shape.dim] == [f.size]
             assert f"{n}.updated" in {o.name for o in flat.model.graph.output}
     assert not set(in_flat) & set(inputs)  # no per-parameter input for what the flat state holds
+    running = [n for n in interface.updated_frozen if "running_" in n]  # batch norm's, in one flat input
+    assert [n for f in interface.flat_frozen for n in f.params] == (running if len(running) > 1 else [])
+    for f in interface.flat_frozen:
+        assert f.names == ("flat.frozen.float32",)
+        assert f"{f.names[0]}.updated" in {o.name for o in flat.model.graph.output}
+        assert not set(f.params) & set(inputs)
     assert set(interface.state_inputs) == {o.name.removesuffix(".updated") for o in flat.model.graph.output[1:]}
     assert sum(n.op_type != "Constant" for n in flat.model.graph.node) < \
         sum(n.op_type != "Constant" for n in each.model.graph.node)

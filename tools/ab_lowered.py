@@ -66,6 +66,8 @@ def main() -> int:
     # the base model's own interface: this checkout's, in the form (flat state or per parameter) it has
     flat = any(i.name.startswith("flat.params.") for i in base.graph.input)
     interface = train_step(args.directory, flat_state=flat).interface
+    if not any(i.name.startswith("flat.frozen.") for i in base.graph.input):  # a revision before that part
+        interface = dataclasses.replace(interface, flat_frozen=())
     base_models = dataclasses.replace(models, step=dataclasses.replace(models.step, model=base, interface=interface))
     sides = {name: artifact.trainer(args.threads, m) for name, m in (("A", base_models), ("B", models))}
     losses = {name: [trainer.step(batch) for _ in range(10)] for name, trainer in sides.items()}

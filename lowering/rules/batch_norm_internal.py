@@ -156,12 +156,13 @@ class _Emitter(Emitter):
             # those must be buffers of this node alone: not constants, which the pass may share between the
             # copies of one lowering (and onnxruntime between nodes), nor one tensor for both. They are made
             # from this node's X and scale: t = X's first element per channel * scale (finite wherever this
-            # channel's statistics are), mean input t * 0, variance input t * 0.5; times momentum 0 they vanish.
+            # channel's statistics are), mean input t * 0, variance input t itself (any finite value vanishes
+            # times momentum 0; t is read by nothing else); times momentum 0 they vanish.
             rank = 3 if restore is not None else p.rank
             first = b.op1("Slice", [x, self.ints([0] * (rank - 1), "starts"), self.ints([1] * (rank - 1), "ends"),
                                     self.ints([0, *range(2, rank)], "not_channel_axes")])
             t = b.op1("Mul", [b.op1("Reshape", [first, self.ints([-1], "flat")]), self.up(p.scale, p.io_type)])
-            stats_in = [b.op1("Mul", [t, self.scalar(0.0, "zero")]), b.op1("Mul", [t, self.scalar(0.5, "half")])]
+            stats_in = [b.op1("Mul", [t, self.scalar(0.0, "zero")]), t]
             y = b.fresh("y") if restore is not None or p.io_type != self.ct else p.y
             # the batch statistics are [C] already: saved_mean is the kernel's output itself (same type)
             direct = p.saved_mean if p.saved_mean is not None and p.stat_type == self.ct else None

@@ -65,10 +65,10 @@ class FlatState:
     def sizes(self) -> tuple[int, ...]:
         return tuple(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
 
-    def views(self, moments: bool) -> dict[str, tuple[str, int, int, tuple[int, ...]]]:
-        """{per-parameter state name: (flat input, start, end, shape)}: ``<p>`` and, with ``moments``,
+    def views(self) -> dict[str, tuple[str, int, int, tuple[int, ...]]]:
+        """{per-member state name: (flat input, start, end, shape)}: ``<p>`` and, for AdamW's parameters,
         ``<p>.first_order_moment`` / ``<p>.second_order_moment``."""
-        suffixes = ("", FIRST_MOMENT, SECOND_MOMENT) if moments else ("",)
+        suffixes = ("", FIRST_MOMENT, SECOND_MOMENT)[:len(self.names)]
         out = {}
         start = 0
         for p, shape, size in zip(self.params, self.shapes, self.sizes, strict=True):
@@ -90,19 +90,22 @@ class TrainStepInterface:
     loss: str
     optimizer: str  # the optimizer op: AdamWOptimizer or SGDOptimizerV2
     flat: tuple[FlatState, ...] = ()  # the flat state form: the parameters (and moments) held per element type
+    # the flat state form: the updated frozen values (batch norm's running statistics) held per element type
+    flat_frozen: tuple[FlatState, ...] = ()
 
     @property
     def state_inputs(self) -> tuple[str, ...]:
         """The inputs a step updates, each the input of the output ``<name>.updated``."""
-        flat = {p for f in self.flat for p in f.params}
+        flat = {p for f in (*self.flat, *self.flat_frozen) for p in f.params}
         own = [p for p in self.params if p not in flat]
         moments = tuple(p + m for p in own for m in (FIRST_MOMENT, SECOND_MOMENT)) if self.moments else ()
-        return (*(n for f in self.flat for n in f.names), *own, *moments, *self.updated_frozen)
+        return (*(n for f in (*self.flat, *self.flat_frozen) for n in f.names), *own, *moments,
+                *(n for n in self.updated_frozen if n not in flat))
 
     def views(self) -> dict[str, tuple[str, int, int, tuple[int, ...]]]:
-        """{per-parameter state name (``<p>``, its moments): (flat input, start, end, shape)} of the parameters the
+        """{state name (``<p>``, its moments, an updated frozen value): (flat input, start, end, shape)} of what the
         flat state holds (empty in the per-parameter form)."""
-        return {k: v for f in self.flat for k, v in f.views(self.moments).items()}
+        return {k: v for f in (*self.flat, *self.flat_frozen) for k, v in f.views().items()}
 
 
 @dataclass(frozen=True)
@@ -272,7 +275,85 @@ def _append_updates(model: onnx.ModelProto, interface: TrainStepInterface, gradi
     if flat_groups:  # the parameters cut out of the flat inputs come before the nodes reading them
         _sort_topologically(graph)
     _prune(graph)
+    if flat_state:
+        interface = dataclasses.replace(interface, flat_frozen=_flat_frozen_updates(graph, interface, taken, opset))
     return interface
+
+
+def _flat_frozen_updates(graph: onnx.GraphProto, interface: TrainStepInterface, taken: set[str], opset: int
+                         ) -> tuple[FlatState, ...]:
+    """The flat state form of the updated frozen values: where each ``<f>.updated`` is batch norm's running
+    statistic update as the lowering emits it, ``Add(Mul(f, momentum), Mul(batch, 1 - momentum))`` with f read by
+    nothing else, the values of one element type, shape and pair of constants become one flat input
+    ``flat.frozen.<type>`` updated by one Mul, Mul, Add over a Concat of the batch statistics (the same
+    arithmetic per element, so the same bits): 4 kernels instead of 3 per statistic."""
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    constants = {n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in graph.node
+                 if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"}
+    constants.update({t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer})
+    inputs = {vi.name: vi for vi in graph.input}
+
+    def scalar(name: str):
+        value = constants.get(name)
+        return None if value is None or value.size != 1 else value.reshape(()).tobytes() + value.dtype.str.encode()
+
+    def source(value: str) -> str:  # through the Identity the in-place contract adds
+        node = producer.get(value)
+        return node.input[0] if node is not None and node.op_type == "Identity" else value
+
+    groups: dict[tuple, list[tuple[str, str, tuple[int, ...], list[onnx.NodeProto]]]] = {}
+    for f in interface.updated_frozen:
+        shape = _static_shape(inputs[f]) if f in inputs else None
+        add = producer.get(source(f"{f}.updated"))
+        if shape is None or len(shape) != 1 or add is None or add.op_type != "Add" or len(add.input) != 2:
+            continue
+        muls = [producer.get(i) for i in add.input]
+        if any(m is None or m.op_type != "Mul" or len(m.input) != 2 for m in muls):
+            continue
+        kept, new = muls if f in muls[0].input else muls[::-1]
+        if list(kept.input).count(f) != 1 or len(readers.get(f, [])) != 1:
+            continue
+        momentum = scalar(next(i for i in kept.input if i != f))
+        batch = [i for i in new.input if scalar(i) is None]
+        one_minus = [scalar(i) for i in new.input if scalar(i) is not None]
+        if momentum is None or len(batch) != 1 or len(one_minus) != 1 or len(readers.get(add.output[0], [])) > 1:
+            continue
+        elem = inputs[f].type.tensor_type.elem_type
+        key = (elem, momentum, one_minus[0])
+        groups.setdefault(key, []).append((f, batch[0], shape, (next(i for i in kept.input if i != f),
+                                                                next(i for i in new.input if i not in batch))))
+    states = []
+    b = NodeBuilder(opset, "train_step", lambda name: name in taken or name in producer, into=graph.node)
+    for key, members in groups.items():
+        if len(members) < 2:
+            continue
+        elem = key[0]
+        name = f"flat.frozen.{np.dtype(helper.tensor_dtype_to_np_dtype(elem)).name}"
+        if states or name in inputs or name in taken:
+            name = f"{name}.{len(states)}"
+        state = FlatState(tuple(m[0] for m in members), tuple(m[2] for m in members), elem, (name,))
+        momentum, one_minus = members[0][3]
+        # Mul and Add are commutative bit for bit: the operands' order is the lowering's or not, the same bits
+        batch = b.op1("Concat", [m[1] for m in members], axis=0, hint="flat_batch_statistics")
+        b.op1("Add", [b.op1("Mul", [name, momentum]), b.op1("Mul", [batch, one_minus])], f"{name}.updated")
+        dropped = {m[0] for m in members}
+        kept_inputs = [vi for vi in graph.input if vi.name not in dropped]
+        kept_inputs.append(helper.make_tensor_value_info(name, elem, [state.size]))
+        del graph.input[:]
+        graph.input.extend(kept_inputs)
+        kept_outputs = [vo for vo in graph.output if vo.name.removesuffix(".updated") not in dropped]
+        kept_outputs.append(helper.make_tensor_value_info(f"{name}.updated", elem, [state.size]))
+        del graph.output[:]
+        graph.output.extend(kept_outputs)
+        states.append(state)
+    if states:
+        _prune(graph)
+    return tuple(states)
+
 
 
 def _static_shape(value_info: onnx.ValueInfoProto) -> tuple[int, ...] | None:
@@ -485,7 +566,7 @@ class BoundStep:
         # the flat state form: per-parameter state names are views into the flat inputs
         self._views = interface.views()
         initial = {n: state[n] for n in self._names if n in state}
-        for f in interface.flat:
+        for f in (*interface.flat, *interface.flat_frozen):
             for name in f.names:
                 pieces = [np.asarray(state[p]).reshape(-1) for p, (flat, *_) in self._views.items() if flat == name]
                 initial[name] = np.concatenate(pieces).astype(helper.tensor_dtype_to_np_dtype(f.elem_type))

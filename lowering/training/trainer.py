@@ -264,7 +264,8 @@ class Trainer:
         self._set_moments(SECOND_MOMENT, values)
 
     def _bound_names(self) -> set[str]:
-        return {*self._bound.interface.state_inputs, *self._bound._constants}
+        interface = self._bound.interface
+        return {*interface.state_inputs, *interface.views(), *self._bound._constants}
 
     def _moments(self, suffix: str) -> list[np.ndarray]:
         names = [p + suffix for p in self.models.params]

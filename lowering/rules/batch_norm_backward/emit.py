@@ -493,8 +493,13 @@ class _Fast:
             v = b.op1("Conv", [xc, w, coef_c], group=channels)
             self.final(restore, low, "Add", [(ady, True), (v, True)])
         elif self.dx_form == "affine":
-            zeros = b.op1("Sub", [coef_c, coef_c])
-            ones = b.op1("Add", [zeros, e.scalar(1.0, "one")])
+            channels = self.static_dim(p.channel_axis)  # the per-channel vectors are [C]
+            if channels is not None:  # BatchNormalization's mean 0 and variance 1 as constants: 2 kernels fewer
+                zeros = b.const(np.zeros(channels, e.np_ct), hint="zeros")
+                ones = b.const(np.ones(channels, e.np_ct), hint="ones")
+            else:  # of C's run-time length
+                zeros = b.op1("Sub", [coef_c, coef_c])
+                ones = b.op1("Add", [zeros, e.scalar(1.0, "one")])
             v = b.op1("BatchNormalization", [xc, coef_b, coef_c, zeros, ones], epsilon=0.0)
             self.final(restore, low, "Add", [(ady, True), (v, True)])
         else:

@@ -86,8 +86,8 @@ def _bias_gradient(e: Emitter, dy: str, request: LoweringRequest, rank: int, por
         return e.reduce("ReduceSum", dy, (0, *range(2, rank)), keepdims=0, output=target)
     b = e.b
     rows = e.reduce("ReduceSum", b.op1("Reshape", [dy, e.ints([n, m, -1], "dy_rows")]), (2,), keepdims=0)
-    total = b.op1("MatMul", [b.const(np.ones((1, n), e.np_ct), hint="ones"), rows])  # [1, M]
-    return b.op1("Reshape", [total, e.ints([m], "db_shape")], target)
+    # a 1-D ones vector: MatMul computes it as the [1, N] row (the same products and sums) and drops the 1
+    return b.op1("MatMul", [b.const(np.ones(n, e.np_ct), hint="ones_vector"), rows], target)  # [M]
 
 
 def _final(e: Emitter, out: str, io: int, emit) -> None:

@@ -448,7 +448,12 @@ class _Fast:
         if need_s2:
             x = e.cast(x_view, p.io_type, ct)
             mean = vec(p.mean, ct)
-            xc = b.op1("Sub", [x, bcast(mean)])
+            small = self.small_channels()
+            if small is not None:  # x - mean with mean [C] as it is: no Reshape (see small_channels)
+                xc = b.op1("BatchNormalization", [x, self.per_channel(1.0, small), self.per_channel(0.0, small),
+                                                  mean, self.per_channel(1.0, small)], epsilon=0.0)
+            else:
+                xc = b.op1("Sub", [x, bcast(mean)])
             pieces = self.dot_pieces()
             if pieces is not None:
                 s2 = self.conv_dot(dy, xc, pieces)
@@ -484,7 +489,13 @@ class _Fast:
         a_m = b.op1("Mul", [a, neg_inv_m])
         coef_b = narrow(b.op1("Mul", [b.op1("Mul", [a_m, inv]), dgamma]))
         coef_c = narrow(b.op1("Mul", [a_m, s1]))
-        ady = b.op1("Mul", [dy, bcast(narrow(a))])
+        small = self.small_channels()
+        if small is not None:  # a*dy with a [C] as it is: no Reshape (see small_channels)
+            zeros = self.per_channel(0.0, small)
+            ady = b.op1("BatchNormalization", [dy, narrow(a), zeros, zeros, self.per_channel(1.0, small)],
+                        epsilon=0.0)
+        else:
+            ady = b.op1("Mul", [dy, bcast(narrow(a))])
         if channels is not None:
             # b*xc + c as a 1x1 depthwise Conv with bias; onnxruntime fuses it with the Add that follows into
             # one FusedConv writing into ady's buffer in place (BatchNormalization runs on one thread). Where
@@ -495,8 +506,7 @@ class _Fast:
         elif self.dx_form == "affine":
             channels = self.static_dim(p.channel_axis)  # the per-channel vectors are [C]
             if channels is not None:  # BatchNormalization's mean 0 and variance 1 as constants: 2 kernels fewer
-                zeros = b.const(np.zeros(channels, e.np_ct), hint="zeros")
-                ones = b.const(np.ones(channels, e.np_ct), hint="ones")
+                zeros, ones = self.per_channel(0.0, channels), self.per_channel(1.0, channels)
             else:  # of C's run-time length
                 zeros = b.op1("Sub", [coef_c, coef_c])
                 ones = b.op1("Add", [zeros, e.scalar(1.0, "one")])
@@ -505,6 +515,24 @@ class _Fast:
         else:
             v = b.op1("Mul", [xc, bcast(coef_b)])
             self.final(restore, low, "Add", [(b.op1("Add", [ady, v]), True), (coef_c, False)])
+
+    def per_channel(self, value: float, channels: int) -> str:
+        """A constant [C] vector of ``value`` in the computation type."""
+        return self.b.const(np.full(channels, value, self.e.np_ct), hint="ones" if value == 1 else "zeros")
+
+    def small_channels(self) -> int | None:
+        """C where the tensors are small enough (at most SMALL_TENSOR elements, NCX, every dim static, f32, fewer
+        than CONV_MIN_SPATIAL elements per sample and channel: ``b*xc + c`` is the affine form's BatchNormalization)
+        for ``x - mean`` and ``a * dy`` to be BatchNormalizations with constant [C] vectors (scale 1, bias 0, mean,
+        variance 1, epsilon 0: x*1 + (0 - mean*1) = x - mean and dy*a + 0, the same bits as Sub and Mul): no
+        Reshape of the [C] vector to [C, 1, ...] first, one kernel each fewer. Larger tensors keep Sub and Mul:
+        BatchNormalization runs on one thread."""
+        shape = self.static_shape()
+        if self.layout != "NCX" or shape is None or self.e.ct != TensorProto.FLOAT or math.prod(shape) > SMALL_TENSOR:
+            return None
+        if math.prod(shape[2:]) >= CONV_MIN_SPATIAL or self.dx_form != "affine":  # the Conv forms' sizes
+            return None
+        return shape[1]
 
     def conv_channels(self) -> int | None:
         """C when diff_src's affine part is best done as a depthwise Conv (see emit; its form depends on whether
@@ -567,6 +595,9 @@ DX_FORM = {"NCX": "affine", "NXC": "affine"}
 # sum is no graph output: f16/bf16 10-23% faster at 112x112 to 14x14, f32 feeding another node 18-31% faster
 # (2 cores, onnxruntime 1.32); slower at 7x7
 CONV_MIN_SPATIAL = 196
+# the largest tensors (elements) whose x - mean and a*dy are BatchNormalizations with constant vectors, which
+# run on one thread (see _Fast.small_channels): where a kernel's fixed cost outweighs the threads
+SMALL_TENSOR = 1 << 15
 
 
 def _cut(dims: list[int]) -> list[int]:

@@ -5,7 +5,8 @@ take with runtime tensors.
 What ``emit.py`` chooses for onnxruntime and what this module replaces:
 - ``sum(dy*xc)`` as a grouped Conv whose kernels are ``xc`` (``_Fast.conv_dot``): Mul + the staged sums;
 - ``b*xc + c`` as a depthwise Conv with a computed bias (``_Fast.conv_channels``) or a BatchNormalization with
-  computed scale/bias/mean/variance (dx form "affine"): Mul + Add ("muladd").
+  computed scale/bias/mean/variance (dx form "affine"): Mul + Add ("muladd");
+- ``x - mean`` and ``a*dy`` of small tensors as BatchNormalizations (``_Fast.small_channels``): Sub and Mul.
 Everything else (casts up and down once, the views, the staged ReduceSum / MatMul-with-ones sums, the
 generic path for other layouts) is shared: those ops take runtime tensors in every conforming runtime
 (tract refuses BatchNormalization whose parameters are not constants; TensorRT and converters want constant
@@ -30,6 +31,9 @@ class _PortableFast(_Fast):
 
     def conv_channels(self) -> int | None:
         return None  # no depthwise Conv with computed weights and bias
+
+    def small_channels(self) -> int | None:
+        return None  # no BatchNormalization for x - mean and a*dy: Sub and Mul
 
 
 class _PortableEmitter(_Emitter):

@@ -1,7 +1,8 @@
 """oplower's generate_artifacts against onnxruntime-training's: generation time, the lowered step of their artifacts.
 
     PYTHONPATH=. python tools/ab_artifacts.py DIR --ort-training-python /work/ortt-venv/bin/python \\
-        [--rounds 5] [--step-rounds 9] [--steps 10] [--threads 2] [--native] [--json OUT]
+        [--rounds 5] [--step-rounds 9] [--steps 10] [--threads 2] [--clock cpu] [--native [--native-rounds N]]
+        [--json OUT]
 
 DIR is a directory ``tools/ort_training/native_step.py make NAME --out DIR`` wrote: onnxruntime-training's four
 files, torch's export ``forward_model.onnx`` (unpatched), ``meta.json``, ``data.npz``, ``initial_params.npz``.
@@ -24,7 +25,9 @@ both directories are lowered (``lowering.training.lower_artifacts``) and trained
 ``--steps`` steps that alternate which side goes first, after warm-up (``tools/ab_lowered.py``'s procedure).
 Prints the first losses (they must agree), each round's B/A (oplower-made over onnxruntime-training-made median
 step ms) and their median. ``--native`` adds onnxruntime-training's own step (``native_step.py time``) on both
-directories, a fresh process per side and round, alternating.
+directories, a fresh process per side and round, alternating. ``--clock cpu`` times the steps (both kinds) by
+the process's CPU time instead of the wall clock (all threads; spinning is off, so it is the work done): on cores
+that other processes load it varies far less.
 """
 
 from __future__ import annotations
@@ -162,7 +165,7 @@ def make_oplower_side(directory: Path, out: Path) -> None:
         shutil.copy(directory / name, out / name)
 
 
-def step_ab(ort_made: Path, oplower_made: Path, rounds: int, steps: int, threads: int) -> dict:
+def step_ab(ort_made: Path, oplower_made: Path, rounds: int, steps: int, threads: int, clock: str = "wall") -> dict:
     sys.path.insert(0, str(HERE))
     import _artifact
 
@@ -176,7 +179,8 @@ def step_ab(ort_made: Path, oplower_made: Path, rounds: int, steps: int, threads
     ratios, ms = [], {"A": [], "B": []}
     for r in range(rounds):
         order = ("A", "B") if r % 2 == 0 else ("B", "A")
-        now = {k: artifacts[k].median_step_ms(trainers[k], steps) for k in order}
+        timer = time.perf_counter if clock == "wall" else time.process_time
+        now = {k: artifacts[k].median_step_ms(trainers[k], steps, timer) for k in order}
         for k in now:
             ms[k].append(now[k])
         ratios.append(now["B"] / now["A"])
@@ -184,10 +188,12 @@ def step_ab(ort_made: Path, oplower_made: Path, rounds: int, steps: int, threads
               f"B/A {ratios[-1]:.3f}", flush=True)
     return {"first_loss": {k: v[0] for k, v in losses.items()}, "loss_10": {k: v[-1] for k, v in losses.items()},
             "nodes": kernels, "ms": {k: statistics.median(v) for k, v in ms.items()},
-            "ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)], "rounds": rounds}
+            "ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)], "rounds": rounds,
+            "clock": clock}
 
 
-def native_ab(ort_python: str, ort_made: Path, oplower_made: Path, rounds: int, steps: int, threads: int) -> dict:
+def native_ab(ort_python: str, ort_made: Path, oplower_made: Path, rounds: int, steps: int, threads: int,
+              clock: str = "wall") -> dict:
     """onnxruntime-training's own step (``native_step.py time``, a fresh process per side and round, alternating)
     on its artifacts (A) and on oplower's (B)."""
     ratios, ms = [], {"A": [], "B": []}
@@ -196,13 +202,14 @@ def native_ab(ort_python: str, ort_made: Path, oplower_made: Path, rounds: int, 
         now = {}
         for k in (("A", "B") if r % 2 == 0 else ("B", "A")):
             now[k] = run_json([ort_python, str(HERE / "ort_training" / "native_step.py"), "time", str(dirs[k]),
-                               "--steps", str(steps), "--threads", str(threads)])["median_ms"]
+                               "--steps", str(steps), "--threads", str(threads),
+                               *(["--clock", "cpu"] if clock == "cpu" else [])])["median_ms"]
             ms[k].append(now[k])
         ratios.append(now["B"] / now["A"])
         print(f"native round {r + 1}: its own artifacts {now['A']:.2f} ms, oplower-made {now['B']:.2f} ms, "
               f"B/A {ratios[-1]:.3f}", flush=True)
     return {"ms": {k: statistics.median(v) for k, v in ms.items()}, "ratio": statistics.median(ratios),
-            "ratio_range": [min(ratios), max(ratios)], "rounds": rounds}
+            "ratio_range": [min(ratios), max(ratios)], "rounds": rounds, "clock": clock}
 
 
 def main() -> int:
@@ -215,6 +222,10 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--native", action="store_true",
                         help="also time onnxruntime-training's own step on both sides' artifacts")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time steps by the wall clock or by the process's CPU time (all threads; varies less "
+                             "on cores other processes load); generation is timed by the wall clock")
+    parser.add_argument("--native-rounds", type=int, help="rounds of --native (default: --step-rounds)")
     parser.add_argument("--work", type=Path, help="where oplower's artifacts go (default: a temporary directory)")
     parser.add_argument("--json", type=Path, help="also write the summary here")
     parser.add_argument("--generate-once", action="store_true", help=argparse.SUPPRESS)
@@ -244,17 +255,19 @@ def main() -> int:
         work = args.work or Path(tmp)
         oplower_made = work / f"{args.directory.name}_oplower"
         make_oplower_side(args.directory, oplower_made)
-        summary["step"] = step = step_ab(args.directory, oplower_made, args.step_rounds, args.steps, args.threads)
+        summary["step"] = step = step_ab(args.directory, oplower_made, args.step_rounds, args.steps, args.threads,
+                                         args.clock)
         if args.native:
             summary["native_step"] = native_ab(args.ort_training_python, args.directory, oplower_made,
-                                               args.step_rounds, args.steps, args.threads)
+                                               args.native_rounds or args.step_rounds, args.steps, args.threads,
+                                               args.clock)
     print(f"{summary['network']}: lowered step, oplower-made / onnxruntime-training-made: median "
-          f"{step['ratio']:.3f} over {args.step_rounds} rounds ({step['ms']['B']:.2f} / {step['ms']['A']:.2f} ms, "
-          f"{args.threads} threads, no spinning)")
+          f"{step['ratio']:.3f} over {args.step_rounds} rounds ({step['ms']['B']:.2f} / {step['ms']['A']:.2f} ms "
+          f"{args.clock} clock, {args.threads} threads, no spinning)")
     if args.native:
         native = summary["native_step"]
         print(f"{summary['network']}: onnxruntime-training's own step, oplower-made / its own artifacts: median "
-              f"{native['ratio']:.3f} over {args.step_rounds} rounds ({native['ms']['B']:.2f} / "
+              f"{native['ratio']:.3f} over {native['rounds']} rounds ({native['ms']['B']:.2f} / "
               f"{native['ms']['A']:.2f} ms)")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1) + "\n")

@@ -20,6 +20,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import _artifact
@@ -27,20 +28,20 @@ import _artifact
 HERE = Path(__file__).resolve().parent
 
 
-def lowered_side(directory: Path, threads: int):
+def lowered_side(directory: Path, threads: int, clock: str = "wall"):
     artifact = _artifact.load(directory)
     trainer, batch = artifact.trainer(threads), artifact.batch
     first_loss = trainer.step(batch)
     for _ in range(9):
         trainer.step(batch)
+    timer = time.perf_counter if clock == "wall" else time.process_time
+    return (lambda steps: artifact.median_step_ms(trainer, steps, timer)), first_loss
 
-    return (lambda steps: artifact.median_step_ms(trainer, steps)), first_loss
 
-
-def native_side(python: str, directory: Path, steps: int, threads: int) -> float:
+def native_side(python: str, directory: Path, steps: int, threads: int, clock: str = "wall") -> float:
     out = subprocess.run([python, str(HERE / "ort_training" / "native_step.py"), "time", str(directory),
-                          "--steps", str(steps), "--threads", str(threads)], capture_output=True, text=True,
-                         check=True)
+                          "--steps", str(steps), "--threads", str(threads), "--clock", clock], capture_output=True,
+                         text=True, check=True)
     return float(json.loads(out.stdout.strip().splitlines()[-1])["median_ms"])
 
 
@@ -58,17 +59,20 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=9)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per side and pair")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time both sides by the wall clock (default) or by each process's CPU time (all its "
+                             "threads; on cores that other processes load it varies less; not with --torch)")
     parser.add_argument("--torch", action="store_true",
                         help="also time torch's eager step in the same venv (networks of native_step.py make only)")
     args = parser.parse_args()
-    timed, first_loss = lowered_side(args.directory, args.threads)
+    timed, first_loss = lowered_side(args.directory, args.threads, args.clock)
     ratios, torch_ratios = [], []
     for pair in range(args.pairs):
         if pair % 2:
             lowered = timed(args.steps)
-            native = native_side(args.ort_training_python, args.directory, args.steps, args.threads)
+            native = native_side(args.ort_training_python, args.directory, args.steps, args.threads, args.clock)
         else:
-            native = native_side(args.ort_training_python, args.directory, args.steps, args.threads)
+            native = native_side(args.ort_training_python, args.directory, args.steps, args.threads, args.clock)
             lowered = timed(args.steps)
         ratios.append(lowered / native)
         line = f"pair {pair + 1}: lowered {lowered:.3f} ms, native {native:.3f} ms, ratio {ratios[-1]:.3f}"
@@ -80,7 +84,7 @@ def main() -> int:
             line += f"; torch {eager['median_ms']:.3f} ms, lowered / torch {torch_ratios[-1]:.3f}"
         print(line, flush=True)
     print(f"{args.directory.name}: median ratio {statistics.median(ratios):.3f} over {len(ratios)} pairs "
-          f"(lowered / onnxruntime-training, {args.threads} threads, no spinning)"
+          f"(lowered / onnxruntime-training, {args.threads} threads, no spinning, {args.clock} clock)"
           + (f"; lowered / torch eager {statistics.median(torch_ratios):.3f}" if torch_ratios else ""))
     return 0
 

@@ -144,9 +144,12 @@ def _check_roles(schema: OpSchema, binding: Binding, source: Path) -> None:
 
 @functools.lru_cache(maxsize=8)
 def _load(spec_dir: str) -> Registry:
-    return build_registry(Path(spec_dir))
+    from opdef.registry_cache import cached_registry  # noqa: PLC0415
+
+    return cached_registry(Path(spec_dir), build_registry, Registry)
 
 
 def load_schemas(spec_dir: Path | str | None = None) -> Registry:
-    """Parse specs/ (once per directory) and return the registry."""
+    """Parse specs/ (once per directory and process; the parsed registry is also cached on disk, see
+    :mod:`opdef.registry_cache`) and return the registry."""
     return _load(str(Path(spec_dir).resolve()) if spec_dir else str(default_spec_dir()))

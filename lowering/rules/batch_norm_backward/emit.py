@@ -517,8 +517,16 @@ class _Fast:
             self.final(restore, low, "Add", [(b.op1("Add", [ady, v]), True), (coef_c, False)])
 
     def per_channel(self, value: float, channels: int) -> str:
-        """A constant [C] vector of ``value`` in the computation type."""
-        return self.b.const(np.full(channels, value, self.e.np_ct), hint="ones" if value == 1 else "zeros")
+        """A [C] vector of ``value`` in the computation type: a ConstantOfShape of the constant [C], which
+        onnxruntime folds into an initializer when it loads the model (no kernel runs), while the model holds
+        8 bytes per node instead of C elements (a model of many layers with many channels stays small). One per
+        value and node."""
+        made = self.__dict__.setdefault("_per_channel", {})
+        if (value, channels) not in made:
+            made[value, channels] = self.b.op1(
+                "ConstantOfShape", [self.e.ints([channels], "channels")], hint="ones" if value == 1 else "zeros",
+                value=numpy_helper.from_array(np.array([value], self.e.np_ct), "value"))
+        return made[value, channels]
 
     def small_channels(self) -> int | None:
         """C where the tensors are small enough (at most SMALL_TENSOR elements, NCX, every dim static, f32, fewer

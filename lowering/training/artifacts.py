@@ -358,11 +358,16 @@ def _build(model, requires_grad, frozen_params, loss, optimizer, additional_outp
 
 
 def _verify(training: onnx.ModelProto) -> None:
+    """Every custom node of the training model against the project's schemas, with the types the model declares
+    (:mod:`lowering.training.generated_check`; 2-5x cheaper than a whole-model shape inference, the same
+    per-node verification); a model the declared types do not suit goes through ``verify_model``."""
+    from lowering.training.generated_check import verify_generated  # noqa: PLC0415
     from opdef.errors import VerificationError  # noqa: PLC0415
     from opdef.model_verify import InvalidNodes, verify_model  # noqa: PLC0415
 
     try:
-        verify_model(_inference_copy(training))  # the weights' types suffice (and a >2 GB model cannot be inferred)
+        if verify_generated(training) is None:
+            verify_model(_inference_copy(training))  # the weights' types suffice (and >2 GB cannot be inferred)
     except (VerificationError, InvalidNodes) as exc:
         raise OplowerError(f"the generated training model fails verification (a gradient rule's bug, please report "
                            f"it): {exc}") from None

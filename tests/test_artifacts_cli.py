@@ -260,3 +260,23 @@ def test_a_custom_loss_that_is_a_tensor_is_seeded_with_ones(batch, tmp_path):
     training, _ = gradients_exposed(onnx.load(tmp_path / "training_model.onnx"))
     got = run_model(lower_model(training), {"x": X, "b2": B2})
     np.testing.assert_allclose(got["b2_grad"], np.full(3, 4.0, np.float32))  # d sum_n sum_c (.. + b2_c) / d b2_c
+
+
+def test_a_frozen_parameter_before_the_first_trainable_one_trains(tmp_path):
+    """A frozen initializer listed before every trainable one (a class-weight buffer registered first): the train
+    step takes it from the checkpoint as frozen state, not as data (found by the held-out sweep)."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Mul", ["m", "cw"], ["y"]),
+             helper.make_node("ReduceMean", ["y"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+                              [numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "cw"),
+                               numpy_helper.from_array(np.ones((3, 2), np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    generate_artifacts(model, requires_grad=["w"], frozen_params=["cw"], optimizer=OptimType.SGD,
+                       artifact_directory=tmp_path)
+    from lowering.training.trainer import train
+
+    losses, params = train(tmp_path, {"x": np.ones((2, 3), np.float32)}, 2, learning_rate=0.5)
+    assert losses[0] == pytest.approx(4.5)  # mean of [3, 6]
+    # d loss / d w[i, j] = mean over the 2x2 outputs of x[n, i] * cw[j] = cw[j] / 2
+    np.testing.assert_allclose(params["w"], np.ones((3, 2)) - 2 * 0.5 * np.array([0.5, 1.0]), rtol=1e-6)

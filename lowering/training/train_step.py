@@ -34,6 +34,7 @@ from lowering.builder import NodeBuilder
 from lowering.modelio import load_model
 from lowering.passes import lower_runnable
 from lowering.rules.training_updates import AdamW, sgd_update
+from lowering.training.checkpoint import CheckpointError, read_checkpoint
 from lowering.training.portable_std import spell_out_for_portable
 from opdef.errors import LoweringError, ModelError, OplowerError
 from opdef.verify import infer_node, value_types_of_graph
@@ -133,7 +134,7 @@ def train_step(directory: Path | str, *, target: str = "onnxruntime", flat_state
         settings = AdamW.of(inference) if node.op_type == "AdamWOptimizer" else None
     except OplowerError as exc:
         raise LoweringError(f"{optimizer_path}: {exc}") from None
-    interface = _interface(training, lowered, gradients, node.op_type)
+    interface = _interface(training, lowered, gradients, node.op_type, _checkpoint_frozen(directory))
     interface = _append_updates(lowered, interface, gradients, settings, portable=target == "portable",
                                 flat_state=flat_state)
     return TrainStep(lowered, interface)
@@ -201,8 +202,20 @@ def _optimizer_node(optimizer: onnx.ModelProto, path: Path) -> onnx.NodeProto:
     return found[0]
 
 
+def _checkpoint_frozen(directory: Path) -> frozenset[str]:
+    """The frozen parameters the directory's checkpoint holds (none when it has none or cannot be read: the
+    trainer reports a damaged checkpoint itself)."""
+    path = Path(directory) / "checkpoint"
+    if not path.is_file():
+        return frozenset()
+    try:
+        return frozenset(read_checkpoint(path).frozen)
+    except CheckpointError:
+        return frozenset()
+
+
 def _interface(training: onnx.ModelProto, lowered: onnx.ModelProto, gradients: dict[str, str],
-               optimizer: str) -> TrainStepInterface:
+               optimizer: str, known_frozen: frozenset[str] = frozenset()) -> TrainStepInterface:
     graph = training.graph
     initialized = {t.name for t in graph.initializer}
     params = tuple(vi.name for vi in graph.input if vi.name in gradients)
@@ -212,7 +225,8 @@ def _interface(training: onnx.ModelProto, lowered: onnx.ModelProto, gradients: d
     updated = tuple(n for n in others if f"{n}.updated" in lowered_outputs)
     # frozen values: inputs the training model's initial parameter source holds, i.e. not data; an updated
     # input is frozen state, the other non-parameter inputs before the first parameter are data
-    frozen = tuple(n for n in others if n in updated or _is_frozen(graph, n, params))
+    # (or one the checkpoint holds as frozen: a frozen parameter may come before the first trainable one)
+    frozen = tuple(n for n in others if n in updated or n in known_frozen or _is_frozen(graph, n, params))
     data = tuple(n for n in others if n not in frozen)
     return TrainStepInterface(data, params, optimizer == "AdamWOptimizer", frozen, updated,
                               graph.output[0].name, optimizer)

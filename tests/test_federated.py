@@ -41,6 +41,9 @@ from lowering.training.federated.local import (
 from lowering.training.federated.partition import split
 
 ROOT = Path(__file__).resolve().parent.parent
+# Flower 1.42 (the extra) installs on Python 3.11 and newer only; on 3.10 the extra's marker leaves it out and
+# `oplower federate` says so (test_oplower_works_without_flower_and_federate_names_the_extra runs everywhere)
+needs_flower = pytest.mark.skipif(sys.version_info < (3, 11), reason="Flower 1.42 needs Python >= 3.11")
 FORWARD = ROOT / "tests" / "fixtures" / "ort_training" / "artifacts" / "cnn" / "forward_model.onnx"
 DOCS = ROOT / "docs" / "federated.md"
 LR, EPOCHS = 0.01, 2
@@ -187,6 +190,7 @@ def reference_round(setup, start: Path, names=tuple(GOOD)) -> dict[str, np.ndarr
     return {k: (v / total).astype(setup["start"][k].dtype) for k, v in acc.items()}
 
 
+@needs_flower
 def test_the_round_lines_name_every_failed_client(simulation):
     lines = simulation["run"].stdout.splitlines()
     assert lines[0].startswith("federating 6 clients on ") and "2 local epochs, lr 0.01" in lines[0]
@@ -211,6 +215,7 @@ def test_the_round_lines_name_every_failed_client(simulation):
         f"wrote {simulation['rounds'].parent / n}" for n in ("sim.npz", "sim.ckpt", "sim.onnx")]
 
 
+@needs_flower
 def test_rounds_are_fedavg_of_each_clients_oplower_train(setup, simulation):
     """Round 1: the clients' own ``oplower train`` from the artifacts' checkpoint, example-weighted (1e-6 of
     each tensor's largest entry); round 2: the same from the global model after round 1."""
@@ -231,6 +236,7 @@ def test_rounds_are_fedavg_of_each_clients_oplower_train(setup, simulation):
     assert list(got1) == list(setup["start"])  # the artifacts' order: trainable parameters, then frozen values
 
 
+@needs_flower
 def test_the_global_model_is_written_as_oplower_train_writes_it(setup, simulation):
     work = setup["work"]
     final = dict(np.load(work / "sim.npz"))
@@ -263,6 +269,7 @@ def wait_for(what: str, check, timeout: float, procs=()) -> None:
         time.sleep(0.2)
 
 
+@needs_flower
 def test_deployed_superlink_and_supernodes(setup, simulation):
     """Two rounds on a real SuperLink + two SuperNodes equal the simulation of the same partitions; in round 3
     one SuperNode is stopped while it trains: the run finishes with the other client and the round's line says
@@ -354,7 +361,9 @@ def test_bad_arguments_are_one_line_errors(setup, tmp_path, capsys):
     for argv, text in cases.items():
         assert main(list(argv)) == 1, argv
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and err.startswith("oplower federate: error: ") and text in err, (argv, err)
+        # on Python 3.10 (no Flower 1.42 there) an argument that passes the checks before Flower's meets its absence
+        found = text in err or (sys.version_info < (3, 11) and "needs Python 3.11 or newer" in err)
+        assert err.count("\n") == 1 and err.startswith("oplower federate: error: ") and found, (argv, err)
         assert "Traceback" not in err
 
 
@@ -371,8 +380,12 @@ def test_oplower_works_without_flower_and_federate_names_the_extra(setup, tmp_pa
     run = run_bounded([sys.executable, "-c", script], 120, environment(), cwd=tmp_path)
     assert run.returncode == 1, run.stdout + run.stderr
     assert run.stdout.startswith("training 14 parameters")
-    assert run.stderr == ("oplower federate: error: federated training needs Flower, which is not installed: "
-                          "pip install 'oplower[federated]'\n")
+    if sys.version_info < (3, 11):
+        assert run.stderr.startswith("oplower federate: error: federated training needs Flower 1.42, which needs "
+                                     "Python 3.11 or newer") and run.stderr.count("\n") == 1
+    else:
+        assert run.stderr == ("oplower federate: error: federated training needs Flower, which is not installed: "
+                              "pip install 'oplower[federated]'\n")
 
 
 def test_split_iid_and_by_label(setup):
@@ -458,6 +471,7 @@ def in_process(monkeypatch):
     return app
 
 
+@needs_flower
 def test_the_server_starts_from_params_or_a_checkpoint(setup, in_process, tmp_path):
     app, art = in_process, str(setup["art"])
     nodes = {10 + k: {"partition": str(setup["parts"][name]), "threads": 1} for k, name in enumerate(GOOD)}
@@ -475,6 +489,7 @@ def test_the_server_starts_from_params_or_a_checkpoint(setup, in_process, tmp_pa
     assert worst(results["checkpoint"], results["params"]) == 0
 
 
+@needs_flower
 def test_fraction_timeouts_and_a_run_nobody_trains(setup, in_process, tmp_path):
     app, art = in_process, str(setup["art"])
     nodes = {n: {"partition": str(setup["parts"]["p2"]), "threads": 1} for n in (5, 6, 7, 8)}
@@ -504,6 +519,7 @@ def test_fraction_timeouts_and_a_run_nobody_trains(setup, in_process, tmp_path):
     assert not out.exists()
 
 
+@needs_flower
 def test_deployed_configs(setup, in_process):
     app = in_process
     settings = app.server_settings_from_config({"artifacts": "a", "rounds": 4, "lr": 0.5, "seed": -1})

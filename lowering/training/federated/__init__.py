@@ -21,6 +21,7 @@ Only ``app`` and ``simulation`` import Flower; this package and the other module
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 from opdef.errors import OplowerError
 
@@ -37,6 +38,9 @@ class FlowerMissingError(FederatedError):
 
 def require_flower(*, simulation: bool = True) -> None:
     """Raise FlowerMissingError, naming the extra, unless Flower (and for the Simulation Engine, Ray) imports."""
+    if sys.version_info < (3, 11):
+        raise FlowerMissingError(f"federated training needs Flower 1.42, which needs Python 3.11 or newer (this is "
+                                 f"Python {sys.version_info.major}.{sys.version_info.minor})")
     missing = [name for name in ("flwr", *(("ray",) if simulation else ())) if not _importable(name)]
     if missing:
         what = "Flower" if missing[0] == "flwr" else "Flower's Simulation Engine (ray)"

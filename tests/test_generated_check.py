@@ -14,12 +14,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from lowering.training import artifacts as artifacts_module
+from lowering.training import generated_check
 from lowering.training.artifacts import LossType, build_artifacts
 from lowering.training.generated_check import verify_generated
 from lowering.training.gradients import registry as gradient_registry
 from opdef.errors import OplowerError, VerificationError
 from opdef.model_verify import verify_model
 from opdef.node import TensorType
+from opdef.verify import value_types_of_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 F32 = TensorProto.FLOAT
@@ -51,6 +53,7 @@ def test_every_custom_node_sees_the_types_the_whole_model_check_gives_it(name):
     full = verify_model(artifacts_module._inference_copy(training))
     types = verify_generated(training)
     assert types is not None, "the declared types did not suit a generated training model"
+    assert generated_check._declared_types(training.graph) == value_types_of_graph(training.graph)
     assert full, "no custom node to check"
     for r in full:
         pairs = list(zip(r.inputs, r.input_types, strict=True)) + list(zip(r.outputs, r.output_types, strict=True))
@@ -159,16 +162,12 @@ def test_an_undeclared_input_is_typed_by_the_standard_nodes_that_compute_it(monk
     assert str(cheap.value) == str(full.value)
     assert "X has element type s64" in str(cheap.value)
     # without the per-node inference of the Shape and Cast the value is unknown and the node would pass
-    from lowering.training import generated_check
-
     monkeypatch.setattr(generated_check, "_undeclared_cone", lambda *args: set())
     assert verify_generated(training) is not None
 
 
 def test_identical_nodes_are_verified_once_and_a_different_one_still_is(monkeypatch):
     """The memo: the second ReluGrad of the same types is not verified again; a damaged one differs and fails."""
-    from lowering.training import generated_check
-
     calls = []
     real = generated_check.infer_node
 

@@ -56,7 +56,7 @@ def verify_generated(model: onnx.ModelProto, registry: Registry | None = None) -
         if known is None:
             known = handled[op] = registry.handles(*op)
         custom.append(known)
-    types = value_types_of_graph(graph)
+    types = _declared_types(graph)
     cone = _undeclared_cone(nodes, custom, types)
     data = _data(graph) if cone else {}
     memo: dict[tuple, tuple[TensorType | None, ...]] = {}
@@ -75,6 +75,28 @@ def verify_generated(model: onnx.ModelProto, registry: Registry | None = None) -
                     types[value] = t
         elif index in cone:
             _infer_standard(node, types, data, model)
+    return types
+
+
+def _declared_types(graph: onnx.GraphProto) -> dict[str, TensorType | None]:
+    """``value_types_of_graph(graph)``; for a graph that declares each name once (a generated training model does)
+    each distinct TypeProto is converted once (MobileNetV2 CIFAR: 1,172 declared values, 4.5 -> 1.5 ms)."""
+    sources = (graph.initializer, graph.sparse_initializer, graph.input, graph.output, graph.value_info)
+    names = [x.values.name if isinstance(x, onnx.SparseTensorProto) else x.name for src in sources for x in src]
+    if len(set(names)) != len(names):
+        return value_types_of_graph(graph)  # merged declarations: opdef's rules
+    types: dict[str, TensorType | None] = {}
+    for t in graph.initializer:
+        types[t.name] = TensorType(t.data_type, tuple(int(d) for d in t.dims))
+    for sparse in graph.sparse_initializer:
+        types[sparse.values.name] = TensorType(sparse.values.data_type, tuple(int(d) for d in sparse.dims))
+    seen: dict[bytes, TensorType | None] = {}
+    for src in sources[2:]:
+        for vi in src:
+            key = vi.type.SerializeToString()
+            t = seen[key] if key in seen else seen.setdefault(key, value_type_from_proto(vi.type))
+            if t is not None:
+                types[vi.name] = t
     return types
 
 

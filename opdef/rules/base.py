@@ -8,6 +8,7 @@ the channel axis, output shapes. It raises ``ctx.error(...)``; it never walks th
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import pkgutil
@@ -19,7 +20,7 @@ from typing import Any
 from opdef.binding import Binding
 from opdef.errors import VerificationError
 from opdef.node import Dim, TensorType
-from opdef.schema import Argument, OpSchema
+from opdef.schema import Argument, Constraint, OpSchema
 from opdef.types import type_name
 
 # -- formatting ------------------------------------------------------------------------------------
@@ -197,10 +198,16 @@ def constraint_label(schema: OpSchema, names: Sequence[str], keywords: Sequence[
     With ``keywords``, only a constraint whose text also contains one of them counts (DirectML states
     "same DataType" and "same Sizes" as separate constraints over the same tensors).
     """
+    return _constraint_label(schema.constraints, tuple(names), tuple(keywords))
+
+
+@functools.lru_cache(maxsize=4096)  # asked on every check of a node (the label goes into an error), answered alike
+def _constraint_label(constraints: tuple[Constraint, ...], names: tuple[str, ...],
+                      keywords: tuple[str, ...]) -> str | None:
     def mentions(c, name):
         return name in c.arguments or re.search(rf"(?<!\w){re.escape(name)}(?!\w)", c.text) is not None
 
-    matches = [c for c in schema.constraints if all(mentions(c, n) for n in names)]
+    matches = [c for c in constraints if all(mentions(c, n) for n in names)]
     if keywords:
         matches = [c for c in matches if any(k.lower() in c.text.lower() for k in keywords)]
     return matches[0].label if matches else None

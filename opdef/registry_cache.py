@@ -4,7 +4,7 @@ Parsing the spec documents (docutils) costs 0.4-0.6 s, more than everything else
 or ``lower`` do on a CIFAR network; unpickling the result costs a few milliseconds. The cache file is keyed by a
 hash of everything the result depends on: every file under the spec directory (its bytes and relative path), the
 directory's own path (schemas record their source file), opdef's own source files (the parsers and the pickled
-classes), the package's and docutils' versions and the Python version. It lives in ``$XDG_CACHE_HOME/oplower``
+classes), the package's version, docutils' (its ``__init__.py``) and Python's. It lives in ``$XDG_CACHE_HOME/oplower``
 (default ``~/.cache/oplower``), is written atomically (a temporary file, then ``os.replace``), and anything that
 goes wrong reading, writing, unpickling or validating it falls back to parsing, silently: the cache can make a
 run faster, never fail it. ``OPLOWER_NO_CACHE=1`` turns it off.
@@ -13,13 +13,16 @@ run faster, never fail it. ``OPLOWER_NO_CACHE=1`` turns it off.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import pickle
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+try:  # CPython's own BLAKE2 (hashlib would load OpenSSL too: 2.5 ms a process); 3x its own sha256's speed
+    from _blake2 import blake2b as _blake2b
+except ImportError:
+    from hashlib import blake2b as _blake2b
 
 from opdef.binding import Binding
 from opdef.schema import OpSchema
@@ -52,32 +55,58 @@ def _version(distribution: str) -> str:
         return "?"
 
 
-def _files(root: Path) -> list[Path]:
+def _docutils() -> bytes:
+    """docutils' ``__init__.py`` (its ``__version__``): found without importing docutils, which a hit never needs,
+    and without parsing its metadata (importlib.metadata: 0.6 ms)."""
+    try:
+        import importlib.util  # noqa: PLC0415
+
+        with open(importlib.util.find_spec("docutils").origin, "rb") as fh:
+            return fh.read()
+    except Exception:  # noqa: BLE001 -- no docutils: parsing will say so
+        return b"?"
+
+
+def _files(root: str, suffix: str = "") -> list[tuple[str, str]]:
+    """(path relative to ``root`` with / separators, full path) of every file under ``root``, sorted by the
+    relative path, __pycache__ left out; only names ending in ``suffix`` when given."""
     out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        out.extend(Path(dirpath) / f for f in sorted(filenames))
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(os.path.join(root, rel) if rel else root) as it:
+            for entry in it:
+                name = f"{rel}/{entry.name}" if rel else entry.name
+                if entry.is_dir():
+                    if entry.name != "__pycache__":
+                        stack.append(name)
+                elif name.endswith(suffix):
+                    out.append((name, entry.path))
+    out.sort()
     return out
 
 
 def cache_key(spec_dir: Path) -> str:
     """The hash of everything a registry parsed from ``spec_dir`` depends on (raises OSError if unreadable)."""
-    h = hashlib.sha256()
+    h = _blake2b(digest_size=32)
 
     def add(label: str, data: bytes) -> None:
         h.update(f"{label}\0{len(data)}\0".encode())
         h.update(data)
 
+    def read(path: str) -> bytes:
+        with open(path, "rb") as fh:
+            return fh.read()
+
     add("format", str(_FORMAT).encode())
     add("python", f"{sys.implementation.cache_tag} {sys.version}".encode())
     add("oplower", _version("oplower").encode())
-    add("docutils", _version("docutils").encode())
+    add("docutils", _docutils())
     add("spec_dir", str(spec_dir).encode())
-    for path in _files(_OPDEF):
-        if path.suffix == ".py":
-            add("opdef/" + path.relative_to(_OPDEF).as_posix(), path.read_bytes())
-    for path in _files(spec_dir):
-        add("spec/" + path.relative_to(spec_dir).as_posix(), path.read_bytes())
+    for rel, path in _files(str(_OPDEF), ".py"):
+        add("opdef/" + rel, read(path))
+    for rel, path in _files(str(spec_dir)):
+        add("spec/" + rel, read(path))
     return h.hexdigest()
 
 
@@ -127,6 +156,8 @@ def _write(path: Path, key: str, registry) -> None:
         entries = [(e.schema, dataclasses.replace(e.binding)) for e in registry]
         data = pickle.dumps((_MAGIC, _FORMAT, key, entries, frozenset(registry.shared_domains)),
                             protocol=pickle.HIGHEST_PROTOCOL)
+        import tempfile  # noqa: PLC0415
+
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".registry-", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as fh:

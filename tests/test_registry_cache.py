@@ -185,7 +185,9 @@ def test_permission_denied_everywhere_is_fine(cache_home, spec_dir, parses, monk
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(registry_cache.tempfile, "mkstemp", refuse)
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
     a, b = load(spec_dir), load(spec_dir)
     assert len(parses) == 2 and not cache_files(cache_home)
     same(a, b)

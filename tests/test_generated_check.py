@@ -179,16 +179,51 @@ def test_identical_nodes_are_verified_once_and_a_different_one_still_is(monkeypa
     model = _cnn()
     training = build_artifacts(model, requires_grad=["w", "b", "w2", "fc", "fcb"], loss=LossType.CrossEntropyLoss,
                                verify=False).training
-    verify_generated(training)
+    memo = {}
+    verify_generated(training, memo=memo)
     relu_grads = [n for n in training.graph.node if n.op_type == "ReluGrad"]
     conv_grads = [n for n in training.graph.node if n.op_type == "ConvGrad"]
     assert len(relu_grads) == 2 and calls.count("ReluGrad") == 1  # both [2, 4, 6, 6]
     assert len(conv_grads) == 2 and calls.count("ConvGrad") == 2  # different weights
     assert calls.count("InPlaceAccumulatorV2") == 5  # five parameters of five shapes
-    # a node that differs only in an attribute is verified on its own and fails
+    # the same signatures again: nothing to verify
+    calls.clear()
+    verify_generated(training, memo=memo)
+    assert calls == []
+    # a node that differs only in an attribute is verified on its own and fails, every time
     relu_grads[-1].attribute.append(helper.make_attribute("colour", 1))
-    with pytest.raises(VerificationError, match="unknown attribute 'colour'"):
-        verify_generated(training)
+    for _ in range(2):
+        with pytest.raises(VerificationError, match="unknown attribute 'colour'"):
+            verify_generated(training, memo=memo)
+    assert calls == ["ReluGrad", "ReluGrad"]
+
+
+def test_the_process_memo_is_per_registry(monkeypatch, tmp_path):
+    """By default the verified signatures are kept for the process, one memo per registry: a second registry (other
+    specs) verifies everything again."""
+    import shutil
+
+    from opdef.registry import build_registry, default_spec_dir, load_schemas
+
+    calls = []
+    real = generated_check.infer_node
+
+    def counting(node, types, registry=None):
+        calls.append(node.op_type)
+        return real(node, types, registry)
+
+    monkeypatch.setattr(generated_check, "infer_node", counting)
+    training = build_artifacts(_cnn(), requires_grad=["w", "b", "w2", "fc", "fcb"], loss=LossType.CrossEntropyLoss,
+                               verify=False).training
+    verify_generated(training)
+    verify_generated(training)
+    assert calls.count("ConvGrad") <= 2  # the second run (and any earlier test's) reused the process memo
+    calls.clear()
+    verify_generated(training, load_schemas())
+    assert calls == []
+    other = build_registry(shutil.copytree(default_spec_dir(), tmp_path / "specs"))
+    verify_generated(training, other)
+    assert calls.count("ConvGrad") == 2
 
 
 def test_a_model_with_a_subgraph_goes_through_the_whole_model_check():

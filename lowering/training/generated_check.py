@@ -19,7 +19,9 @@ verification on them, the same way verify_model's walk does:
 - custom nodes whose verification reads the same things (domain, op type, attributes, which inputs and outputs
   are given, the inputs' types and the outputs' declared types) verify alike: each distinct one is verified once
   (``infer_node`` reads nothing else of a node but its name, which only an error message shows, and the first
-  failing node raises). MobileNetV2 CIFAR: 317 custom nodes, 111 distinct.
+  failing node raises). MobileNetV2 CIFAR: 317 custom nodes, 111 distinct. The memo lives as long as the process
+  does, one per registry (bounded): a second generation in the process -- the same network again, or another
+  made of the same layers -- verifies only the signatures it has not seen.
 
 The first invalid node raises its :class:`~opdef.errors.VerificationError`, the error verify_model raises.
 A model with model-local functions or subgraphs is no generated training model's shape: the caller verifies
@@ -27,6 +29,8 @@ it with verify_model (``None`` comes back).
 """
 
 from __future__ import annotations
+
+import weakref
 
 import onnx
 
@@ -37,12 +41,22 @@ from opdef.verify import infer_node, tensor_type_to_proto, value_type_from_proto
 __all__ = ["verify_generated"]
 
 _DATA_LIMIT = 4096  # initializers the whole-model check's inference copy keeps (artifacts._inference_copy)
+_MEMO_LIMIT = 8192  # verified signatures kept per registry (a few hundred per network)
+_MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Registry -> {signature: output types}
+
+Memo = dict[tuple, tuple[TensorType | None, ...]]
 
 
-def verify_generated(model: onnx.ModelProto, registry: Registry | None = None) -> dict[str, TensorType] | None:
+def verify_generated(model: onnx.ModelProto, registry: Registry | None = None, memo: Memo | None = None
+                     ) -> dict[str, TensorType] | None:
     """Verify every custom node of ``model`` (raises the first node's VerificationError); returns the value types
-    the check used and inferred, or None when the model needs :func:`opdef.model_verify.verify_model`."""
+    the check used and inferred, or None when the model needs :func:`opdef.model_verify.verify_model`.
+    ``memo``: the verified signatures to reuse and extend (default: the process's, for ``registry``)."""
     registry = registry if registry is not None else load_schemas()
+    if memo is None:
+        memo = _MEMOS.get(registry)
+        if memo is None or len(memo) > _MEMO_LIMIT:
+            memo = _MEMOS[registry] = {}
     graph = model.graph
     nodes = graph.node
     if model.functions or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
@@ -59,7 +73,6 @@ def verify_generated(model: onnx.ModelProto, registry: Registry | None = None) -
     types = _declared_types(graph)
     cone = _undeclared_cone(nodes, custom, types)
     data = _data(graph) if cone else {}
-    memo: dict[tuple, tuple[TensorType | None, ...]] = {}
     for index, node in enumerate(nodes):
         if custom[index]:
             key = (node.domain, node.op_type,
@@ -102,9 +115,11 @@ def _declared_types(graph: onnx.GraphProto) -> dict[str, TensorType | None]:
 
 def _undeclared_cone(nodes, custom: list[bool], types: dict) -> set[int]:
     """The standard nodes that compute, through undeclared values only, an undeclared input of a custom node."""
-    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
     stack = [v for n, c in zip(nodes, custom, strict=True) if c for v in n.input if v and v not in types]
     cone: set[int] = set()
+    if not stack:  # every custom node's inputs declared (a CNN's): no producer map to build
+        return cone
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
     while stack:
         i = producer.get(stack.pop())
         if i is None or custom[i] or i in cone:

@@ -14,8 +14,15 @@ which is ``lowering.training.artifacts.generate_artifacts``; once with the train
 against the project's schemas, as generate_artifacts does, once without, ``--no-verify``) on the same forward
 model, parameters, CrossEntropyLoss and AdamW. Each run times its first call (what a script pays) and a second
 call in the same process; printed: the medians and the per-round ratios oplower / onnxruntime-training. A fourth
-process per round splits oplower's first call: the spec documents parsed into the schema registry, the schemas
-registered with onnx, the check itself, the rest.
+process per round splits oplower's first call: the schema registry loaded (from its disk cache,
+``opdef/registry_cache.py``; one untimed oplower process before the rounds fills the cache), onnx's own schema
+registry initialised (its first query; onnxruntime-training's first call pays it too), a first call without the
+check, a call with it, a call without (the check's first-call cost: the last two's difference).
+
+``--whole-process N``: N rounds of what a user's shell sees, wall clock, imports included, alternating: a Python
+script calling onnxruntime-training's ``generate_artifacts`` on the export; ``oplower artifacts`` (the CLI) with
+the registry cache warm and cold (``XDG_CACHE_HOME`` a fresh directory: the specs parsed); a Python script calling
+oplower's ``generate_artifacts``. ``--generation-only`` skips the step comparison.
 
 Step: oplower's artifacts of the forward model with every Dropout ratio 0 (``tools/make_oplower_artifacts.py``'s
 ``zero_dropout``; ``make`` zeroes onnxruntime-training's after generation, the same graphs either way) are
@@ -71,15 +78,15 @@ def generate_once(directory: Path, verify: bool) -> dict:
 
 
 def breakdown_once(directory: Path) -> dict:
-    """Where oplower's first call goes, in a fresh process (``--generate-once --breakdown``): parsing the
-    project's spec documents into the schema registry (``opdef.registry.load_schemas``), registering the schemas
-    with onnx (``register_onnx_schemas``, which first imports ``onnx.reference``), then a first call with
-    verification (the registry now loaded: the check itself), then a call without."""
+    """Where oplower's first call goes, in a fresh process (``--generate-once --breakdown``): the schema registry
+    loaded (``opdef.registry.load_schemas``: the disk cache's hit, or the spec documents parsed), onnx's own schema
+    registry initialised (its first query, which the first shape inference would pay), a first call without the
+    check, a call with it, a call without: ``verification_ms`` is the check's cost in a process's first call
+    (its rule modules imported, its caches filled), ``call_without_verification_ms`` a warm call's rest."""
     start = time.perf_counter()
     import onnx
 
     from lowering.training.artifacts import LossType, OptimType, build_artifacts, write_artifacts
-    from opdef.onnx_defs import register_onnx_schemas
     from opdef.registry import load_schemas
 
     imported = time.perf_counter() - start
@@ -87,19 +94,81 @@ def breakdown_once(directory: Path) -> dict:
     forward = onnx.load(directory / "forward_model.onnx")
     out = {"side": "oplower breakdown", "import_ms": imported * 1e3}
     start = time.perf_counter()
-    registry = load_schemas()
+    load_schemas()
     out["load_schemas_ms"] = (time.perf_counter() - start) * 1e3
     start = time.perf_counter()
-    register_onnx_schemas(registry)
-    out["register_onnx_schemas_ms"] = (time.perf_counter() - start) * 1e3
-    for key, verify in (("first_call_registry_loaded_ms", True), ("call_without_verification_ms", False)):
+    onnx.defs.has("Relu")
+    out["onnx_schemas_init_ms"] = (time.perf_counter() - start) * 1e3
+    for key, verify in (("first_call_without_verification_ms", False), ("call_with_verification_ms", True),
+                        ("call_without_verification_ms", False)):
         with tempfile.TemporaryDirectory() as work:
             start = time.perf_counter()
             write_artifacts(build_artifacts(forward, meta["trainable_params"], meta["frozen_params"],
                                             LossType.CrossEntropyLoss, OptimType.AdamW, verify=verify), Path(work))
             out[key] = (time.perf_counter() - start) * 1e3
-    out["verification_ms"] = out["first_call_registry_loaded_ms"] - out["call_without_verification_ms"]
+    out["verification_ms"] = out["call_with_verification_ms"] - out["call_without_verification_ms"]
     return out
+
+
+ORT_SCRIPT = """
+import json, sys
+import onnx
+from onnxruntime.training import artifacts
+meta = json.load(open(sys.argv[2]))
+artifacts.generate_artifacts(onnx.load(sys.argv[1]), requires_grad=meta["trainable_params"],
+                             frozen_params=meta["frozen_params"], loss=artifacts.LossType.CrossEntropyLoss,
+                             optimizer=artifacts.OptimType.AdamW, artifact_directory=sys.argv[3])
+"""
+OPLOWER_SCRIPT = ORT_SCRIPT.replace("from onnxruntime.training import artifacts",
+                                    "from lowering.training import artifacts")
+
+
+def whole_process(directory: Path, ort_python: str, rounds: int) -> dict:
+    """Wall-clock seconds of whole processes, imports included (``--whole-process``): a script calling
+    onnxruntime-training's generate_artifacts, ``oplower artifacts`` with the registry cache warm and cold, a
+    script calling oplower's generate_artifacts; alternating order, each round's outputs in fresh directories."""
+    meta = json.loads((directory / "meta.json").read_text())
+    forward, meta_path = str(directory / "forward_model.onnx"), str(directory / "meta.json")
+    oplower = str(Path(sys.executable).parent / "oplower")
+    cli = [oplower, "artifacts", forward, "--loss", "CrossEntropyLoss", "--optimizer", "AdamW",
+           "--requires-grad", *meta["trainable_params"], *(["--frozen", *meta["frozen_params"]]
+                                                           if meta["frozen_params"] else [])]
+    times: dict[str, list[float]] = {"ort_script": [], "oplower_cli_warm": [], "oplower_cli_cold": [],
+                                     "oplower_script_warm": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        warm = tmp / "warm-cache"
+        base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        oplower_env = {**base, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(warm)}
+        subprocess.run([*cli, "-o", str(tmp / "fill")], check=True, capture_output=True, env=oplower_env)
+
+        def command(side: str, out: Path) -> tuple[list[str], dict]:
+            if side == "ort_script":
+                return [ort_python, "-c", ORT_SCRIPT, forward, meta_path, str(out)], base
+            if side == "oplower_script_warm":
+                return [sys.executable, "-c", OPLOWER_SCRIPT, forward, meta_path, str(out)], oplower_env
+            env = oplower_env if side == "oplower_cli_warm" else {**oplower_env, "XDG_CACHE_HOME": str(out) + ".cache"}
+            return [*cli, "-o", str(out)], env
+
+        for r in range(rounds):
+            sides = list(times) if r % 2 == 0 else list(reversed(times))
+            for side in sides:
+                out = tmp / f"{side}-{r}"
+                out.mkdir()  # onnxruntime-training's generate_artifacts writes into an existing directory
+                cmd, env = command(side, out)
+                start = time.perf_counter()
+                done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+                elapsed = time.perf_counter() - start
+                if done.returncode:
+                    raise SystemExit(f"{side} failed:\n{done.stderr[-2000:]}")
+                times[side].append(elapsed)
+            print(f"whole-process round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()),
+                  flush=True)
+    summary = {k: statistics.median(v) for k, v in times.items()}
+    summary["ratios"] = {k: statistics.median(a / b for a, b in zip(times[k], times["ort_script"], strict=True))
+                         for k in times if k != "ort_script"}
+    summary["rounds"] = rounds
+    return summary
 
 
 def run_json(command: list[str]) -> dict:
@@ -122,6 +191,7 @@ def generation(directory: Path, ort_python: str, rounds: int) -> dict:
     }
     runs: dict[str, list[dict]] = {k: [] for k in sides}
     parts = []
+    run_json(sides["oplower_no_verify"])  # untimed: fills the schema registry's disk cache if it is cold
     for r in range(rounds):
         order = list(sides) if r % 2 == 0 else list(reversed(sides))
         for name in order:
@@ -228,6 +298,11 @@ def main() -> int:
     parser.add_argument("--native-rounds", type=int, help="rounds of --native (default: --step-rounds)")
     parser.add_argument("--work", type=Path, help="where oplower's artifacts go (default: a temporary directory)")
     parser.add_argument("--json", type=Path, help="also write the summary here")
+    parser.add_argument("--generation-only", action="store_true", help="skip the step comparison")
+    parser.add_argument("--whole-process", type=int, default=0, metavar="N",
+                        help="also time N rounds of whole processes (imports included): a script calling "
+                             "onnxruntime-training's generate_artifacts against `oplower artifacts`, cache warm and "
+                             "cold, and a script calling oplower's")
     parser.add_argument("--generate-once", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--no-verify", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--breakdown", action="store_true", help=argparse.SUPPRESS)
@@ -251,6 +326,17 @@ def main() -> int:
     parts = gen["oplower_breakdown"]
     print("oplower's first call, medians: " + ", ".join(f"{k[:-3]} {v:.1f} ms" for k, v in parts.items()
                                                          if k != "import_ms"), flush=True)
+    if args.whole_process:
+        summary["whole_process"] = whole = whole_process(args.directory, args.ort_training_python,
+                                                         args.whole_process)
+        print(f"whole processes, medians over {args.whole_process} rounds: " + ", ".join(
+            f"{k} {whole[k]:.2f} s" for k in ("ort_script", "oplower_cli_warm", "oplower_cli_cold",
+                                              "oplower_script_warm")) + "; ratios to onnxruntime-training's: " +
+            ", ".join(f"{k} {v:.2f}" for k, v in whole["ratios"].items()), flush=True)
+    if args.generation_only:
+        if args.json:
+            args.json.write_text(json.dumps(summary, indent=1) + "\n")
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
         oplower_made = work / f"{args.directory.name}_oplower"

@@ -46,21 +46,42 @@ _MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Registry -> {
 
 Memo = dict[tuple, tuple[TensorType | None, ...]]
 
+# Every type the check holds is interned -- one object per distinct TensorType, and per distinct declared TypeProto
+# -- so that a signature names its types by id (hashing and comparing TensorTypes is Python code: a third of a
+# memoised check). Ids are unique while the objects live: the tables keep them, and when they are cleared (too
+# big) the epoch moves on and every memo of the older epoch is emptied.
+_INTERN_LIMIT = 1 << 16
+_interned: dict[TensorType, TensorType] = {}
+_from_bytes: dict[bytes, TensorType | None] = {}
+_EPOCH = ("epoch",)  # a memo's entry: the epoch its signatures' ids belong to
+_epoch = 0
+
+
+def _intern(t: TensorType | None) -> TensorType | None:
+    return None if t is None else _interned.setdefault(t, t)
+
 
 def verify_generated(model: onnx.ModelProto, registry: Registry | None = None, memo: Memo | None = None
                      ) -> dict[str, TensorType] | None:
     """Verify every custom node of ``model`` (raises the first node's VerificationError); returns the value types
     the check used and inferred, or None when the model needs :func:`opdef.model_verify.verify_model`.
     ``memo``: the verified signatures to reuse and extend (default: the process's, for ``registry``)."""
+    global _epoch
     registry = registry if registry is not None else load_schemas()
+    if len(_interned) > _INTERN_LIMIT or len(_from_bytes) > _INTERN_LIMIT:
+        _interned.clear()
+        _from_bytes.clear()
+        _epoch += 1
     if memo is None:
         memo = _MEMOS.get(registry)
         if memo is None or len(memo) > _MEMO_LIMIT:
             memo = _MEMOS[registry] = {}
+    if memo.get(_EPOCH) != _epoch:
+        memo.clear()
+        memo[_EPOCH] = _epoch
     graph = model.graph
     nodes = graph.node
-    if model.functions or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                              for n in nodes for a in n.attribute):
+    if model.functions:
         return None
     handled: dict[tuple[str, str], bool] = {}  # registry.handles per op (683 nodes, 25 ops: MobileNetV2)
     custom = []
@@ -70,44 +91,61 @@ def verify_generated(model: onnx.ModelProto, registry: Registry | None = None, m
         if known is None:
             known = handled[op] = registry.handles(*op)
         custom.append(known)
+        if n.attribute and any(a.type in _GRAPH_KINDS for a in n.attribute):
+            return None
     types = _declared_types(graph)
-    cone = _undeclared_cone(nodes, custom, types)
-    data = _data(graph) if cone else {}
+    get = types.get
+    cone: set[int] | None = None  # found at the first custom node with an input of unknown type
+    data: dict = {}
     for index, node in enumerate(nodes):
         if custom[index]:
-            key = (node.domain, node.op_type,
-                   tuple(types.get(v) if v else False for v in node.input),
-                   tuple(types.get(v) if v else False for v in node.output),
-                   tuple(a.SerializeToString() for a in node.attribute))
+            # a signature names each input and output by its type's id: the interned type, True for a given value
+            # of unknown type, False for an omitted one ("")
+            ins = tuple(map(id, map(get, node.input, map(bool, node.input))))
+            if cone is None and _TRUE in ins:  # (ids: ``True in`` would call TensorType.__eq__ on each)
+                cone = _undeclared_cone(nodes, custom, types)
+                data = _data(graph) if cone else {}
+                for i in sorted(c for c in cone if c < index):  # in graph order, as the walk would have
+                    _infer_standard(nodes[i], types, data, model)
+                ins = tuple(map(id, map(get, node.input, map(bool, node.input))))
+            key = (node.domain, node.op_type, ins,
+                   tuple(map(id, map(get, node.output, map(bool, node.output)))),
+                   tuple(map(_serialize, node.attribute)))
             out = memo.get(key)
             if out is None:
-                out = memo[key] = infer_node(node, types, registry).output_types
+                out = memo[key] = tuple(_intern(t) for t in infer_node(node, types, registry).output_types)
             # the inference's positions are node.output's (one per schema output: more when some are left off)
             for value, t in zip(node.output, out, strict=False):
                 if value and t is not None:
                     types[value] = t
-        elif index in cone:
+        elif cone and index in cone:
             _infer_standard(node, types, data, model)
     return types
 
 
+_GRAPH_KINDS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+_TRUE = id(True)
+_serialize = onnx.AttributeProto.SerializeToString
+
+
 def _declared_types(graph: onnx.GraphProto) -> dict[str, TensorType | None]:
-    """``value_types_of_graph(graph)``; for a graph that declares each name once (a generated training model does)
-    each distinct TypeProto is converted once (MobileNetV2 CIFAR: 1,172 declared values, 4.5 -> 1.5 ms)."""
+    """``value_types_of_graph(graph)``, interned; for a graph that declares each name once (a generated training
+    model does) each distinct TypeProto is converted once (MobileNetV2 CIFAR: 1,172 declared values, 4.5 -> 1.5
+    ms), and once per process."""
     sources = (graph.initializer, graph.sparse_initializer, graph.input, graph.output, graph.value_info)
     names = [x.values.name if isinstance(x, onnx.SparseTensorProto) else x.name for src in sources for x in src]
-    if len(set(names)) != len(names):
-        return value_types_of_graph(graph)  # merged declarations: opdef's rules
+    if len(set(names)) != len(names):  # merged declarations: opdef's rules
+        return {k: _intern(v) for k, v in value_types_of_graph(graph).items()}
     types: dict[str, TensorType | None] = {}
     for t in graph.initializer:
-        types[t.name] = TensorType(t.data_type, tuple(int(d) for d in t.dims))
+        types[t.name] = _intern(TensorType(t.data_type, tuple(int(d) for d in t.dims)))
     for sparse in graph.sparse_initializer:
-        types[sparse.values.name] = TensorType(sparse.values.data_type, tuple(int(d) for d in sparse.dims))
-    seen: dict[bytes, TensorType | None] = {}
+        types[sparse.values.name] = _intern(TensorType(sparse.values.data_type, tuple(int(d) for d in sparse.dims)))
     for src in sources[2:]:
         for vi in src:
             key = vi.type.SerializeToString()
-            t = seen[key] if key in seen else seen.setdefault(key, value_type_from_proto(vi.type))
+            t = _from_bytes[key] if key in _from_bytes else \
+                _from_bytes.setdefault(key, _intern(value_type_from_proto(vi.type)))
             if t is not None:
                 types[vi.name] = t
     return types
@@ -115,9 +153,11 @@ def _declared_types(graph: onnx.GraphProto) -> dict[str, TensorType | None]:
 
 def _undeclared_cone(nodes, custom: list[bool], types: dict) -> set[int]:
     """The standard nodes that compute, through undeclared values only, an undeclared input of a custom node."""
-    stack = [v for n, c in zip(nodes, custom, strict=True) if c for v in n.input if v and v not in types]
+    made = {o for n, c in zip(nodes, custom, strict=True) if c for o in n.output}  # typed by the check itself
+    stack = [v for n, c in zip(nodes, custom, strict=True) if c for v in n.input
+             if v and v not in types and v not in made]
     cone: set[int] = set()
-    if not stack:  # every custom node's inputs declared (a CNN's): no producer map to build
+    if not stack:  # every custom node's inputs declared or made by custom nodes (a CNN's): no producer map
         return cone
     producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
     while stack:
@@ -163,4 +203,4 @@ def _infer_standard(node: onnx.NodeProto, types: dict, data: dict, model: onnx.M
     for value, tp in out.items():
         t = value_type_from_proto(tp)
         if value not in types and t is not None:
-            types[value] = t
+            types[value] = _intern(t)

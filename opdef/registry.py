@@ -147,7 +147,12 @@ def _check_roles(schema: OpSchema, binding: Binding, source: Path) -> None:
 def _load(spec_dir: str) -> Registry:
     from opdef.registry_cache import cached_registry  # noqa: PLC0415
 
-    return cached_registry(Path(spec_dir), build_registry, Registry)
+    return cached_registry(Path(spec_dir), build_registry, _from_cache)
+
+
+def _from_cache(pairs, spec_dir: Path, shared) -> Registry:
+    """A registry from the cache's (schema, binding) pairs."""
+    return Registry([Entry(schema, binding) for schema, binding in pairs], spec_dir, shared)
 
 
 def load_schemas(spec_dir: Path | str | None = None) -> Registry:

@@ -113,9 +113,9 @@ def cache_key(spec_dir: Path) -> str:
 def cached_registry(spec_dir: Path, build: Callable[[Path], object], make: Callable[..., object]) -> object:
     """``build(spec_dir)``, or the registry a previous build of the same inputs left in the cache.
 
-    ``make(entries, spec_dir, shared_domains)`` rebuilds a registry from the cached parts (``Registry``'s own
-    constructor, which checks them again); ``build``'s result must have ``spec_dir``, ``shared_domains`` and
-    iterate over its entries (``schema``, ``binding``)."""
+    ``make(pairs, spec_dir, shared_domains)`` rebuilds a registry from the cached (schema, binding) pairs
+    (through ``Registry``'s own constructor, which checks them again); ``build``'s result must have
+    ``spec_dir``, ``shared_domains`` and iterate over its entries (``schema``, ``binding``)."""
     if not enabled():
         return build(spec_dir)
     try:
@@ -142,9 +142,7 @@ def _read(path: Path, key: str, spec_dir: Path, make) -> object | None:
                 isinstance(e, tuple) and len(e) == 2 and isinstance(e[0], OpSchema) and isinstance(e[1], Binding)
                 for e in entries):
             return None
-        from opdef.registry import Entry  # noqa: PLC0415 -- registry imports this module
-
-        return make([Entry(schema, binding) for schema, binding in entries], spec_dir, shared)
+        return make(entries, spec_dir, shared)  # the registry module builds its entries (it imports this one)
     except Exception:  # noqa: BLE001 -- missing, truncated, corrupt, stale: parse instead
         return None
 

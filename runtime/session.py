@@ -60,6 +60,7 @@ for _names, _ir in ((("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M
         if hasattr(TensorProto, _name):
             _ELEM_TYPE_IR[getattr(TensorProto, _name)] = _ir
 
+_OWN_FUSION_UNRUNNABLE = re.compile(r"Failed to find kernel for com\.microsoft\.\w+\(\d+\) \(node:'[^']*Fusion/")
 _IR_REFUSED = re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)")
 _LOWER_HINT = "lower it first (oplower lower, lowering.lower_model)"
 
@@ -367,6 +368,13 @@ class PreparedModel:
         try:
             return self._session_from(proto, options)
         except RuntimeFailure as failure:
+            basic = (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+            if _OWN_FUSION_UNRUNNABLE.search(str(failure)) and options.graph_optimization_level not in basic:
+                # onnxruntime < 1.24 (the last for Python 3.10 is 1.23) fuses float64 Transpose + MatMul into
+                # FusedMatMul (and x*Sigmoid(a*x) into QuickGelu), for which it has no float64 kernel: its own
+                # extended fusions off, the graph as given runs
+                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+                return self._create(proto, options)
             m = _IR_REFUSED.search(str(failure))
             if not m:
                 raise

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnx.reference  # before the project's modules register its schemas (DESIGN.md section 8)
 import pytest
+from _artifacts import gradients_exposed
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference.op_run import OpRun
 
@@ -103,24 +104,6 @@ def _float64(model: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
-def _exposed(training: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
-    model = onnx.ModelProto.FromString(training.SerializeToString())
-    g = model.graph
-    kept, exposed = [], {}
-    for node in g.node:
-        if (node.domain, node.op_type) == ACCUMULATOR:
-            exposed[node.input[0].removesuffix("_grad.accumulation.buffer")] = node.input[1]
-        else:
-            kept.append(node)
-    del g.node[:]
-    g.node.extend(kept)
-    outputs = [o for o in g.output if not o.name.endswith(".accumulation.out")]
-    del g.output[:]
-    g.output.extend(outputs + [helper.make_empty_tensor_value_info(v) for v in exposed.values()])
-    inputs = [i for i in g.input if not i.name.endswith("_grad.accumulation.buffer") and i.name != "lazy_reset_grad"]
-    del g.input[:]
-    g.input.extend(inputs)
-    return model, exposed
 
 
 def check(nodes, out, data, params, *, consts=None, opset=17, seed=0, symbolic=None, h=1e-5, directions=3,
@@ -133,7 +116,7 @@ def check(nodes, out, data, params, *, consts=None, opset=17, seed=0, symbolic=N
     verify_model(art.training)
     # the rules under test emit standard ops (onnxruntime-training has no CPU kernel of its own for them)
     assert {n.op_type for n in art.training.graph.node if n.domain not in ("", "ai.onnx")} - OTHER_RULES == set(custom)
-    model, exposed = _exposed(art.training)
+    model, exposed = gradients_exposed(art.training)
     lowered = lower_model(model)
     assert not [n.op_type for n in lowered.graph.node if n.domain not in ("", "ai.onnx")]
     wanted = {i.name for i in lowered.graph.input}
@@ -483,7 +466,7 @@ def test_integer_frozen_parameters_are_constants_to_the_rules():
     forward = _forward(nodes, "out", data, params, consts, 17, 0, None)
     art = build_artifacts(forward, ["s"], frozen_params=["pads", "gain"], loss=None)
     assert {"pads", "gain"} <= {i.name for i in art.training.graph.input}  # still fed as frozen parameters
-    model, exposed = _exposed(art.training)
+    model, exposed = gradients_exposed(art.training)
     feeds = {"x": data["x"].astype(np.float32), "s": params["s"].astype(np.float32), **consts}
     got = run_model(lower_model(model), {k: v for k, v in feeds.items()
                                          if k in {i.name for i in model.graph.input}})[exposed["s"]]

@@ -29,6 +29,15 @@ class GradientError(ModelError):
     """A forward model the generator cannot differentiate (one line: the op, the node, the problem)."""
 
 
+def node_attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    """Every attribute of ``node`` by name, strings decoded."""
+    out = {}
+    for a in node.attribute:
+        value = helper.get_attribute_value(a)
+        out[a.name] = value.decode() if isinstance(value, bytes) else value
+    return out
+
+
 class Emitter:
     """Fresh names, constants and nodes for one generated graph."""
 
@@ -206,7 +215,7 @@ class GradientContext:
         target = f.shape(like)
         source = f.shape(grad_of or self.y(0))
         if target is None or source is None:
-            return self._sum_to_dynamic(grad, like)
+            return self.sum_to_dynamic(grad, like)
         if tuple(target) == tuple(source) and all(isinstance(d, int) for d in target):
             return grad
         lead = len(source) - len(target)
@@ -219,10 +228,16 @@ class GradientContext:
                 axes.append(lead + i)
             elif d != s and not (isinstance(d, int) and isinstance(s, int) and d == s):
                 if d is None or s is None or isinstance(d, str) or isinstance(s, str):
-                    return self._sum_to_dynamic(grad, like)
+                    return self.sum_to_dynamic(grad, like)
                 raise self.fail(f"shapes {list(source)} and {list(target)} do not broadcast")
+        return self.reduce_to(grad, axes, lead, like)
+
+    def reduce_to(self, grad: str, axes: list[int], lead: int, like: str) -> str:
+        """``grad`` summed over ``axes`` (kept), then reshaped to ``like``'s shape when ``lead`` leading axes
+        must go (a constant shape where it is static); unchanged when there is nothing to sum."""
         if not axes:
             return grad
+        f = self.f
         out = f.reduce("ReduceSum", grad, axes, keepdims=1, hint="reduce_grad")
         if lead:
             static = f.static_shape(like)
@@ -231,7 +246,7 @@ class GradientContext:
             out = f.node1("Reshape", [out, shape])
         return out
 
-    def _sum_to_dynamic(self, grad: str, like: str) -> str:
+    def sum_to_dynamic(self, grad: str, like: str) -> str:
         """Broadcast reduction when static shapes do not tell it: sum over every axis of ``grad`` where the
         target (padded with leading ones) is 1, computed from the runtime shapes, then reshape."""
         f = self.f

@@ -25,20 +25,12 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from lowering.training.gradients.context import FLOAT_TYPES, ForwardContext, GradientContext
+from lowering.training.gradients.context import FLOAT_TYPES, ForwardContext, GradientContext, node_attributes
 from lowering.training.gradients.registry import gradient_rule
 
 MS = "com.microsoft"
 SAME = ("SAME_UPPER", "SAME_LOWER")
 SCALE_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE})
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    out = {}
-    for a in node.attribute:
-        value = helper.get_attribute_value(a)
-        out[a.name] = value.decode() if isinstance(value, bytes) else value
-    return out
 
 
 def _spatial_static(ctx: GradientContext, name: str) -> tuple[int, ...] | None:
@@ -86,7 +78,7 @@ def _shown(shape) -> str:
 def conv(ctx: GradientContext) -> None:
     f = ctx.f
     x, w = ctx.x(0), ctx.x(1)
-    attrs = _attrs(ctx.node)
+    attrs = node_attributes(ctx.node)
     kernel = attrs.get("kernel_shape")
     if kernel is None:
         w_shape = f.static_shape(w)
@@ -111,7 +103,7 @@ def conv_transpose(ctx: GradientContext) -> None:
     and ConvGrad say the same. Explicit pads (torch's export) only: output_shape and SAME padding place the
     pads by rules runtimes disagree on."""
     f, x, w, dy = ctx.f, ctx.x(0), ctx.x(1), ctx.dy(0)
-    attrs = _attrs(ctx.node)
+    attrs = node_attributes(ctx.node)
     if attrs.get("output_shape") is not None or attrs.get("auto_pad", "NOTSET") in SAME:
         raise ctx.fail("output_shape or auto_pad SAME_*: only explicit pads are supported (torch exports those)")
     conv_attrs = {k: v for k, v in attrs.items() if k in ("auto_pad", "dilations", "group", "kernel_shape", "pads",
@@ -156,7 +148,7 @@ def _max_pool_indices(node: onnx.NodeProto, f: ForwardContext) -> list[onnx.Node
 def max_pool(ctx: GradientContext) -> None:
     f = ctx.f
     x, indices = ctx.x(0), ctx.y(1)
-    attrs = _attrs(ctx.node)
+    attrs = node_attributes(ctx.node)
     if int(attrs.get("storage_order", 0)) != 0:
         raise ctx.fail("storage_order 1 (column-major Indices, an output the model uses): the gradient needs "
                        "row-major indices")
@@ -187,7 +179,7 @@ def max_pool(ctx: GradientContext) -> None:
 def average_pool(ctx: GradientContext) -> None:
     f = ctx.f
     x = ctx.x(0)
-    attrs = _attrs(ctx.node)
+    attrs = node_attributes(ctx.node)
     dilations = attrs.get("dilations")
     if dilations is not None and any(int(d) != 1 for d in dilations):
         raise ctx.fail(f"dilations {list(dilations)}: AveragePoolGrad has no dilation")

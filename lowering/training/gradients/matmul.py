@@ -52,7 +52,7 @@ def _reduce_batch(ctx: GradientContext, grad: str, grad_shape, like: str) -> str
     f = ctx.f
     target = f.shape(like)
     if target is None or grad_shape is None:
-        return ctx._sum_to_dynamic(grad, like)
+        return ctx.sum_to_dynamic(grad, like)
     lead = len(grad_shape) - len(target)
     if lead < 0:
         raise ctx.fail(f"cannot sum a gradient of rank {len(grad_shape)} down to rank {len(target)}")
@@ -62,18 +62,10 @@ def _reduce_batch(ctx: GradientContext, grad: str, grad_shape, like: str) -> str
         if d == 1 and s != 1:
             axes.append(lead + i)  # broadcast (or a size-1 axis, whose sum changes nothing)
         elif not _same(d, s):
-            return ctx._sum_to_dynamic(grad, like)
-    if not axes:
-        return grad
-    if axes == list(range(lead)):  # only the leading axes like lacks: drop them
+            return ctx.sum_to_dynamic(grad, like)
+    if axes and axes == list(range(lead)):  # only the leading axes like lacks: drop them
         return f.reduce("ReduceSum", grad, axes, keepdims=0, hint="reduce_grad")
-    out = f.reduce("ReduceSum", grad, axes, keepdims=1, hint="reduce_grad")
-    if lead:
-        static = f.static_shape(like)
-        shape = f.const(np.asarray(static, np.int64), hint="shape") if static is not None else \
-            f.node1("Shape", [like])
-        out = f.node1("Reshape", [out, shape])
-    return out
+    return ctx.reduce_to(grad, axes, lead, like)
 
 
 def _unsqueeze(f, x: str, axis: int) -> str:

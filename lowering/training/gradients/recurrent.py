@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from lowering.training.gradients.context import ForwardContext, GradientContext
+from lowering.training.gradients.context import ForwardContext, GradientContext, node_attributes
 from lowering.training.gradients.registry import gradient_rule
 
 MS = "com.microsoft"
@@ -27,10 +27,6 @@ _DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
 _ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh")}
 _TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
 _LSTM_P = 7  # the peephole weights' input position
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 def _text(value) -> str:
@@ -49,7 +45,7 @@ def _zero_constant(f: ForwardContext, name: str) -> bool:
 def _unsupported(node: onnx.NodeProto, f: ForwardContext, kind: str) -> str | None:
     """Why onnxruntime-training's ``<kind>Training`` / ``<kind>Grad`` cannot stand for this node (None: they can)."""
     op = f"{kind}Training"
-    attrs = _attrs(node)
+    attrs = node_attributes(node)
     direction = _text(attrs.get("direction", "forward"))
     if direction not in _DIRECTIONS:
         return f"direction {direction!r} is none of forward, reverse, bidirectional"
@@ -79,8 +75,8 @@ def _sizes(node: onnx.NodeProto, f: ForwardContext) -> tuple:
     """(S, D, N, H) as far as shape inference knows them (None where not)."""
     x = f.shape(node.input[0]) or (None, None, None)
     r = f.shape(_input(node, 2)) or (None, None, None)
-    hidden = _attrs(node).get("hidden_size", r[2] if len(r) == 3 else None)
-    direction = _text(_attrs(node).get("direction", "forward"))
+    hidden = node_attributes(node).get("hidden_size", r[2] if len(r) == 3 else None)
+    direction = _text(node_attributes(node).get("direction", "forward"))
     return x[0], _DIRECTIONS.get(direction), x[1], hidden
 
 
@@ -89,7 +85,7 @@ def _training_node(node: onnx.NodeProto, f: ForwardContext, kind: str) -> list[o
     ZRH). The original outputs keep their names; HAll gets one if the node had none (the gradient reads it)."""
     if _unsupported(node, f, kind):
         return None  # stays a standard node; its gradient rule says why it cannot be differentiated
-    direction = _text(_attrs(node).get("direction", "forward"))
+    direction = _text(node_attributes(node).get("direction", "forward"))
     if direction != "forward" and not _input(node, 4):
         return _forward_only(node, f, kind, direction)
     visible = 3 if kind == "LSTM" else 2
@@ -218,7 +214,7 @@ def _grad_node(ctx: GradientContext, kind: str, inputs: list[str], positions: tu
         inputs.pop()
     while outputs and not outputs[-1]:
         outputs.pop()
-    f.node(f"{kind}Grad", inputs, outputs, domain=MS, **_attrs(ctx.node))
+    f.node(f"{kind}Grad", inputs, outputs, domain=MS, **node_attributes(ctx.node))
     for i, name in zip(positions, outputs, strict=False):
         if name:
             ctx.set_dx(i, name)

@@ -24,22 +24,13 @@ import math
 
 import numpy as np
 import onnx
-from onnx import helper
 
-from lowering.training.gradients.context import GradientContext
+from lowering.training.gradients.context import GradientContext, node_attributes
 from lowering.training.gradients.registry import gradient_rule
 
 _TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
                "tf_half_pixel_for_nn")
 _NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    out = {}
-    for a in node.attribute:
-        value = helper.get_attribute_value(a)
-        out[a.name] = value.decode() if isinstance(value, bytes) else value
-    return out
 
 
 def _original(x_out: np.ndarray, transform: str, scale: np.float32, n_in: int, n_out: int) -> np.ndarray:
@@ -163,7 +154,7 @@ def _known_scales(ctx: GradientContext, attrs: dict, in_shape, out_shape) -> lis
 @gradient_rule("Resize")
 def resize(ctx: GradientContext) -> None:
     f, x, y, dy = ctx.f, ctx.x(0), ctx.y(0), ctx.dy(0)
-    attrs = _attrs(ctx.node)
+    attrs = node_attributes(ctx.node)
     if f.opset < 11:
         raise ctx.fail("Resize before opset 11 (no coordinate transformation attribute) is not differentiated; "
                        "export at opset 11 or later")

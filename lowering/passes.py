@@ -25,7 +25,7 @@ from onnx_ir.passes import InPlacePass, PassResult
 
 from lowering import graphs, ir_bridge
 from lowering.builder import NodeBuilder
-from lowering.compat import runtime_ir_version
+from lowering.compat import needs_old_runtime_forms, old_runtime_forms, runtime_ir_version
 from lowering.modelio import check_structure
 from lowering.rules import LoweringOptions, LoweringRequest, check_portable, check_target, rule_for
 from opdef import in_place
@@ -327,6 +327,8 @@ class _Lowering:
         if ir_version != model.ir_version:
             model.ir_version = ir_version
             modified = True
+        if needs_old_runtime_forms():  # onnxruntime 1.23 (Python 3.10): forms it runs as ONNX defines them
+            modified |= old_runtime_forms(model)
         return model, modified
 
     def _opset(self, root: _Root) -> int:

@@ -395,6 +395,8 @@ SG_CASES = {
                                                  F64, I32),
     "flat_dy_no_axes_no_steps_f16": ((5, 3, 2), [1, -2], [1000, 3], None, None, F16, I64),
     "flat_dy_empty_slice": ((4, 3), [3], [1], [0], None, F32, I64),
+    # every axis of dY empty (onnxruntime 1.23 cannot broadcast the 0 rows through the portable form's MatMul)
+    "empty_on_two_axes": ((1, 1), [0, 0], [0, 0], [1, 0], [1, 1], F32, I64),
 }
 
 
@@ -463,7 +465,9 @@ LOWERING_RUNS = [(c, t, o) for c in sorted(CASES) for t in TARGETS for o in (12,
 def test_lowering_matches_float64(case, target, opset):
     model, feeds, want, elem = CASES[case][0](opset)
     ops = _check_case(model, feeds, want, elem, target)
-    if case.startswith(("gg_", "sg_")):  # the form per target and opset
+    if case.startswith("sg_") and 0 in feeds["dy"].shape:  # an empty dY: dX is zeros of the shape, nothing else
+        assert ops <= {"ConstantOfShape", "Cast"}, ops
+    elif case.startswith(("gg_", "sg_")):  # the form per target and opset
         scatter = target == "onnxruntime" and (opset >= 16 or case.startswith("sg_"))
         assert ("ScatterND" in ops) == scatter and ("MatMul" in ops) != scatter
     if case.startswith("st_"):

@@ -53,6 +53,13 @@ def _rank(request: LoweringRequest, name: str) -> int | None:
     return None if t is None or t.shape is None else len(t.shape)
 
 
+def _declares_no_elements(request: LoweringRequest, name: str) -> bool:
+    """The input's declared shape has a dimension of 0."""
+    inference = request.inference
+    t = inference.input_types[inference.schema.input_index(name)]
+    return t is not None and t.shape is not None and any(d == 0 for d in t.shape if isinstance(d, int))
+
+
 def _static_length(request: LoweringRequest, name: str) -> int | None:
     """The static number of entries of a 1-D input, None when unknown."""
     inference = request.inference
@@ -223,6 +230,14 @@ def lower_slice_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     rank = _static_length(request, "shape")
     if count == 0:
         e.finish("Reshape", [current, shape], out, io)  # nothing sliced: dY is X's gradient (perhaps flattened)
+        return
+    if _declares_no_elements(request, "dY"):
+        # an empty slice: dX is zeros, and no MatMul or ScatterND over empty operands (onnxruntime 1.23, the last
+        # for Python 3.10, refuses to broadcast a batch of 0 rows against a 2-D one-hot matrix)
+        if io == e.ct:
+            b.op1("ConstantOfShape", [shape], out, value=_zero_tensor(io))
+        else:  # ConstantOfShape has no bfloat16 before opset 20
+            b.op1("Cast", [b.op1("ConstantOfShape", [shape], value=_zero_tensor(e.ct))], out, to=io)
         return
     sliced_axes = []
     for j in range(count):  # each sliced axis: (axis, its size D, step, the first position read)

@@ -21,7 +21,8 @@ class Artifact:
     batch: dict[str, np.ndarray]  # data.npz's input and labels, by the train-step model's input names
     learning_rate: float  # meta.json's
 
-    def trainer(self, threads: int, models: TrainingModels | None = None, cls: type[Trainer] = Trainer) -> Trainer:
+    def trainer(self, threads: int | None, models: TrainingModels | None = None,
+                cls: type[Trainer] = Trainer) -> Trainer:
         return cls(models or self.models, self.start, learning_rate=self.learning_rate, threads=threads,
                    spinning=False)
 

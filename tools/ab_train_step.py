@@ -28,7 +28,7 @@ import _artifact
 HERE = Path(__file__).resolve().parent
 
 
-def lowered_side(directory: Path, threads: int, clock: str = "wall"):
+def lowered_side(directory: Path, threads: int | None, clock: str = "wall"):
     artifact = _artifact.load(directory)
     trainer, batch = artifact.trainer(threads), artifact.batch
     first_loss = trainer.step(batch)
@@ -59,13 +59,18 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=9)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per side and pair")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--lowered-threads", default=None, metavar="N|auto",
+                        help="the lowered side's threads (default: --threads); auto: Trainer's own choice (one "
+                             "thread and the memory pattern for a small step, lowering.training.step_size)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="time both sides by the wall clock (default) or by each process's CPU time (all its "
                              "threads; on cores that other processes load it varies less; not with --torch)")
     parser.add_argument("--torch", action="store_true",
                         help="also time torch's eager step in the same venv (networks of native_step.py make only)")
     args = parser.parse_args()
-    timed, first_loss = lowered_side(args.directory, args.threads, args.clock)
+    lowered_threads = args.threads if args.lowered_threads is None else \
+        None if args.lowered_threads == "auto" else int(args.lowered_threads)
+    timed, first_loss = lowered_side(args.directory, lowered_threads, args.clock)
     ratios, torch_ratios = [], []
     for pair in range(args.pairs):
         if pair % 2:
@@ -84,7 +89,8 @@ def main() -> int:
             line += f"; torch {eager['median_ms']:.3f} ms, lowered / torch {torch_ratios[-1]:.3f}"
         print(line, flush=True)
     print(f"{args.directory.name}: median ratio {statistics.median(ratios):.3f} over {len(ratios)} pairs "
-          f"(lowered / onnxruntime-training, {args.threads} threads, no spinning, {args.clock} clock)"
+          f"(lowered / onnxruntime-training, {args.threads} threads, the lowered side "
+          f"{'auto' if lowered_threads is None else lowered_threads}, no spinning, {args.clock} clock)"
           + (f"; lowered / torch eager {statistics.median(torch_ratios):.3f}" if torch_ratios else ""))
     return 0
 

@@ -1,0 +1,93 @@
+"""The small-step policy (lowering.training.step_size): multiply-accumulates counted from static shapes, and
+Trainer's choice of one intra-op thread and the memory pattern for a small step (the caller's threads win)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from lowering.training.step_size import SMALL_STEP_MACS, is_small_step, multiply_accumulates
+from lowering.training.trainer import Trainer, initial_parameters, lower_artifacts
+
+ARTIFACTS = Path(__file__).parent / "fixtures" / "ort_training" / "artifacts"
+F32 = TensorProto.FLOAT
+
+
+def _model(nodes, inputs, outputs=("y",)):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, F32, s) for n, s in inputs],
+                              [helper.make_tensor_value_info(n, F32, None) for n in outputs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_counts_each_kind_by_hand():
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),            # [2, 4, 8, 8] x 3*3*3
+             helper.make_node("Conv", ["c", "g"], ["d"], group=2),                      # [2, 4, 6, 6] x 2*3*3
+             helper.make_node("ConvTranspose", ["d", "t"], ["e"], group=2),             # [2, 4, 8, 8] x 2*3*3
+             helper.make_node("MatMul", ["a", "b"], ["m"]),                             # [5, 3, 7] x 6
+             helper.make_node("Gemm", ["p", "q"], ["y"], transA=1)]                     # [4, 9] x 10
+    model = _model(nodes, [("x", [2, 3, 8, 8]), ("w", [4, 3, 3, 3]), ("g", [4, 2, 3, 3]), ("t", [4, 2, 3, 3]),
+                           ("a", [5, 3, 6]), ("b", [6, 7]), ("p", [10, 4]), ("q", [10, 9])], ("y", "m", "e"))
+    want = 2 * 4 * 64 * 27 + 2 * 4 * 36 * 18 + 2 * 4 * 64 * 18 + 5 * 3 * 7 * 6 + 4 * 9 * 10
+    assert multiply_accumulates(model) == want
+
+
+def test_a_symbolic_dimension_counts_as_unknown():
+    model = _model([helper.make_node("MatMul", ["a", "b"], ["y"])], [("a", ["batch", 6]), ("b", [6, 7])])
+    assert multiply_accumulates(model) is None
+    assert not is_small_step(model)
+
+
+def test_threshold():
+    side = 256  # a [256, 256] x [256, 256] product: 16.8M multiply-accumulates, just above the threshold
+    big = _model([helper.make_node("MatMul", ["a", "b"], ["y"])], [("a", [side, side]), ("b", [side, side])])
+    assert side ** 3 > SMALL_STEP_MACS and not is_small_step(big)
+    small = _model([helper.make_node("MatMul", ["a", "b"], ["y"])], [("a", [240, side]), ("b", [side, side])])
+    assert 240 * side * side <= SMALL_STEP_MACS and is_small_step(small)
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    directory = ARTIFACTS / "cnn"
+    models = lower_artifacts(directory)
+    start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")))
+    return models, start
+
+
+def _session_options(trainer):
+    session = trainer._bound.session  # the train-step model's session
+    return session.get_session_options()
+
+
+def test_trainer_takes_one_thread_and_the_memory_pattern_for_a_small_step(cnn):
+    models, start = cnn
+    assert is_small_step(models.step.model)  # 1.2M multiply-accumulates at batch 4
+    trainer = Trainer(models, start)
+    options = _session_options(trainer)
+    assert trainer.small_step and trainer.threads == 1
+    assert options.intra_op_num_threads == 1 and options.enable_mem_pattern
+    chosen = Trainer(models, start, threads=2)  # the caller's count stays
+    assert chosen.threads == 2 and _session_options(chosen).intra_op_num_threads == 2
+    assert _session_options(chosen).enable_mem_pattern  # still a small step
+    data = dict(np.load(ARTIFACTS / "cnn" / "data.npz"))
+    batch = {models.step.interface.data[0]: data["input"], "labels": data["labels"]}
+    losses = [[t.step(batch) for _ in range(3)] for t in (trainer, chosen)]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6)  # the same training either way
+
+
+def test_trainer_keeps_the_default_for_a_large_step(cnn, monkeypatch):
+    models, start = cnn
+    monkeypatch.setattr("lowering.training.trainer.is_small_step", lambda model: False)
+    trainer = Trainer(models, start)
+    options = _session_options(trainer)
+    assert not trainer.small_step and trainer.threads is None
+    assert options.intra_op_num_threads == 0 and not options.enable_mem_pattern  # 0: onnxruntime's default
+
+
+def test_an_explicit_memory_pattern_wins(cnn):
+    models, start = cnn
+    assert not _session_options(Trainer(models, start, memory_pattern=False)).enable_mem_pattern

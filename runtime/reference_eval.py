@@ -203,6 +203,12 @@ def _sigmoid_grad(n: _Node, exact: bool, single_output: str) -> tuple:
     return _rounded(n, exact, {"dX": reference_training.sigmoid_grad(dy, n.input("Y"))}, dy.dtype)
 
 
+def _div_grad(n: _Node, exact: bool, single_output: str) -> tuple:
+    dy = n.input("dY")
+    da, db = reference_training.div_grad(dy, n.input("A"), n.input("B"))
+    return _rounded(n, exact, {"dA": da, "dB": db}, dy.dtype)
+
+
 def _scale(n: _Node, exact: bool, single_output: str) -> tuple:
     values = n.input("input")
     result = reference_training.scale(values, n.input("scale"), int(n.attribute("scale_down", 0)))
@@ -264,9 +270,9 @@ def _average_pool_grad(n: _Node, exact: bool, single_output: str) -> tuple:
     return _rounded(n, exact, {"dX": dx}, dy.dtype)
 
 
-RULES |= {"relu_grad": _relu_grad, "sigmoid_grad": _sigmoid_grad, "scale": _scale, "conv_grad": _conv_grad,
-          "softmax_cross_entropy_loss_grad": _softmax_cross_entropy_loss_grad, "max_pool_grad": _max_pool_grad,
-          "average_pool_grad": _average_pool_grad}
+RULES |= {"relu_grad": _relu_grad, "sigmoid_grad": _sigmoid_grad, "div_grad": _div_grad, "scale": _scale,
+          "conv_grad": _conv_grad, "softmax_cross_entropy_loss_grad": _softmax_cross_entropy_loss_grad,
+          "max_pool_grad": _max_pool_grad, "average_pool_grad": _average_pool_grad}
 
 
 # -- onnxruntime-training's in-place update ops (runtime.reference_updates): their results; the

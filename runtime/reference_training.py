@@ -1,5 +1,5 @@
-"""Float64 NumPy references of onnxruntime-training's gradient ops (ReluGrad, Scale, ConvGrad,
-SoftmaxCrossEntropyLossGrad) and of the forward ops they differentiate (for finite-difference tests).
+"""Float64 NumPy references of onnxruntime-training's gradient ops (ReluGrad, SigmoidGrad, DivGrad, Scale,
+ConvGrad, SoftmaxCrossEntropyLossGrad) and of the forward ops they differentiate (for finite-difference tests).
 
 Written from the math of each spec document (``specs/com.microsoft/``), not from the lowering: every
 input is cast to float64 first. Conv is written as a sum over kernel offsets of strided slices of the
@@ -31,6 +31,20 @@ def sigmoid_grad(dy, y) -> np.ndarray:
     """From the forward output y = sigmoid(x)."""
     y = _f64(y)
     return _f64(dy) * y * (1 - y)
+
+
+def sum_to(grad: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """``grad`` (of a broadcast result's shape) summed over the axes an input of ``shape`` was broadcast along."""
+    shape = tuple(shape)
+    lead = grad.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and grad.shape[lead + i] != 1)
+    return np.sum(grad, axis=axes, keepdims=True).reshape(shape)
+
+
+def div_grad(dy, a, b) -> tuple[np.ndarray, np.ndarray]:
+    """(dA, dB) of Y = A / B, each summed back to its input's shape."""
+    dy, a, b = _f64(dy), _f64(a), _f64(b)
+    return sum_to(dy / b, a.shape), sum_to(-dy * a / (b * b), b.shape)
 
 
 def scale(values, factor, scale_down: int = 0) -> np.ndarray:

@@ -1,6 +1,7 @@
 """onnxruntime-training's elementwise training ops: ``ReluGrad`` (dX = dY where X > 0), ``SigmoidGrad``
-(dX = dY * Y * (1 - Y), from the forward output Y) and ``Scale``
-(input times or over a one-element scale). Shapes only: the generic checks did the types.
+(dX = dY * Y * (1 - Y), from the forward output Y), ``DivGrad`` (Div's gradients, each summed back to its
+input's shape) and ``Scale`` (input times or over a one-element scale). Shapes only: the generic checks did
+the types.
 
 Constraint labels are the spec's own (``specs/com.microsoft/ReluGrad.rst``, ``Scale.rst``), found through
 the argument names a note mentions.
@@ -11,7 +12,16 @@ from __future__ import annotations
 import math
 
 from opdef.node import TensorType
-from opdef.rules.base import Conflict, NodeContext, RuleResult, bound_roles, format_shape, merge_shape, register_rule
+from opdef.rules.base import (
+    Conflict,
+    NodeContext,
+    RuleResult,
+    bound_roles,
+    format_shape,
+    merge_dim,
+    merge_shape,
+    register_rule,
+)
 
 
 def same_shape(ctx: NodeContext, first: str, second: str) -> tuple | None:
@@ -46,6 +56,44 @@ def relu_grad(ctx: NodeContext) -> RuleResult:
 def sigmoid_grad(ctx: NodeContext) -> RuleResult:
     shape = same_shape(ctx, "dY", "Y")
     set_output(ctx, "dX", shape)
+    return RuleResult(roles=bound_roles(ctx), rank=None if shape is None else len(shape))
+
+
+def broadcast_shape(ctx: NodeContext, first: str, second: str, label: str | None) -> tuple | None:
+    """The numpy broadcast of two inputs' shapes (None when either is unknown); error naming both otherwise."""
+    a, b = ctx.input_type(first), ctx.input_type(second)
+    if a is None or a.shape is None or b is None or b.shape is None:
+        return None
+    out = []
+    for i in range(1, max(len(a.shape), len(b.shape)) + 1):
+        x = a.shape[-i] if i <= len(a.shape) else 1
+        y = b.shape[-i] if i <= len(b.shape) else 1
+        if x == 1 or y == 1:
+            out.append(y if x == 1 else x)
+            continue
+        try:
+            out.append(merge_dim(x, y))
+        except Conflict:
+            raise ctx.error(f"{first} {format_shape(a.shape)} and {second} {format_shape(b.shape)} do not broadcast "
+                            f"(axis {-i}: {x} against {y})", label) from None
+    return tuple(reversed(out))
+
+
+@register_rule("div_grad")
+def div_grad(ctx: NodeContext) -> RuleResult:
+    label = ctx.constraint_label(["A", "B", "dY"], ("broadcast",))
+    shape = broadcast_shape(ctx, "A", "B", label)
+    dy = ctx.input_type("dY")
+    dy_shape = None if dy is None else dy.shape
+    try:
+        shape = merge_shape(dy_shape, shape)
+    except Conflict:
+        a, b = ctx.input_type("A").shape, ctx.input_type("B").shape
+        raise ctx.error(f"dY has shape {format_shape(dy_shape)}; expected {format_shape(shape)} (A {format_shape(a)} "
+                        f"broadcast with B {format_shape(b)})", label) from None
+    for grad, source in (("dA", "A"), ("dB", "B")):
+        t = ctx.input_type(source)
+        set_output(ctx, grad, None if t is None else t.shape)
     return RuleResult(roles=bound_roles(ctx), rank=None if shape is None else len(shape))
 
 

@@ -22,6 +22,7 @@ BUNDLED = {
     ("com.microsoft", "BatchNormInternal"): "onednn",
     ("com.microsoft", "ReluGrad"): "onednn",
     ("com.microsoft", "SigmoidGrad"): "onednn",
+    ("com.microsoft", "DivGrad"): "onednn",
     ("com.microsoft", "Scale"): "onednn",
     ("com.microsoft", "ConvGrad"): "onednn",
     ("com.microsoft", "SoftmaxCrossEntropyLossGrad"): "onednn",

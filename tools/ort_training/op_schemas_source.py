@@ -111,6 +111,13 @@ SCHEMAS = {
         note="seen in the BCEWithLogitsLoss artifact; input names not transcribed (positional: output gradient, "
              "Sigmoid output); the fixture ops/SigmoidGrad shows dX = dY * Y * (1 - Y)",
         type_constraints={"T": FLOATS_BF}),
+    "com.microsoft::DivGrad": dict(
+        since_version=1, inputs=io(("dY", "T", S), ("A", "T", S), ("B", "T", S)),
+        outputs=io(("dA", "T", OPT), ("dB", "T", OPT)), attributes={},
+        note="no CPU kernel: the CPU runs the schema's function body (Div, ReduceSumTraining over "
+             "BroadcastGradientArgs' axes, Reshape; dB = dY * (-A / (B * B))), f32/f64/f16, bf16 refused by "
+             "ReduceSumTraining (the ops/DivGrad fixtures)",
+        type_constraints={"T": FLOATS_BF}),
     "com.microsoft::SoftmaxGrad": dict(
         since_version=1, inputs=io(("dY", "T", S), ("Y", "T", S)), outputs=io(("dX", "T", S)),
         attributes=attrs(axis=("INT", False, 1)),

@@ -9,8 +9,9 @@
   number as -A divided by B*B: IEEE rounding is sign-symmetric), every elementwise op is correctly rounded in
   both runtimes, and the sums (at most 32 terms here) run in the same order; measured equal in onnxruntime 1.32
   (Python 3.12) and 1.23 (Python 3.10), f32, f64 and f16 alike;
-- the lowering over dtypes, opsets, symbolic batch and omitted outputs against the float64 reference (checked
-  by onnx.checker full_check), and the reference against finite differences.
+- the lowering over dtypes, opsets, symbolic batch, omitted outputs and random broadcast pairs (hypothesis)
+  against the float64 reference (checked by onnx.checker full_check), and the reference against finite
+  differences.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from _one_node import close, numeric_gradient, one_node_model, verify
 from _one_node import verification_error as _error
 from _recorded import FIXTURES, recorded_cases
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from lowering.passes import lower_model
@@ -51,7 +55,7 @@ def _data(a_shape, b_shape, dtype, seed=0):
     a = rng.standard_normal(a_shape)
     b = rng.uniform(0.5, 2.0, b_shape) * rng.choice([-1.0, 1.0], b_shape)
     dy = rng.standard_normal(np.broadcast_shapes(a_shape, b_shape))
-    return dy.astype(dtype), a.astype(dtype), b.astype(dtype)
+    return tuple(np.asarray(x, dtype=dtype) for x in (dy, a, b))
 
 
 # -- schema ----------------------------------------------------------------------------------------------------
@@ -213,3 +217,33 @@ def test_div_grad_reference_matches_finite_differences():
         assert abs(np.sum(da * v) - numeric) <= 1e-7 * max(1.0, abs(numeric))
     for v, numeric in numeric_gradient(lambda z: np.sum(dy * (a / z)), b):
         assert abs(np.sum(db * v) - numeric) <= 1e-7 * max(1.0, abs(numeric))
+
+
+@st.composite
+def _broadcast_pair(draw):
+    """Two shapes that broadcast together: a common shape, each operand dropping leading axes or keeping 1s."""
+    full = draw(st.lists(st.integers(1, 3), min_size=0, max_size=4))
+    shapes = []
+    for _ in range(2):
+        lead = draw(st.integers(0, len(full)))
+        shapes.append(tuple(d if draw(st.booleans()) else 1 for d in full[lead:]))
+    return tuple(shapes)
+
+
+@settings(max_examples=30, deadline=None)
+@given(pair=_broadcast_pair(), target=st.sampled_from(TARGETS), outputs=st.sampled_from(
+    [("da", "db"), ("da", ""), ("", "db")]))
+def test_div_grad_lowering_over_random_broadcasts(pair, target, outputs):
+    a_shape, b_shape = pair
+    dy, a, b = _data(a_shape, b_shape, np.float32, seed=len(a_shape) * 7 + len(b_shape))
+    model = one_node_model(_node(outputs), [("dy", F32, list(dy.shape)), ("a", F32, list(a_shape)),
+                                            ("b", F32, list(b_shape))],
+                           [(n, F32, list(s)) for n, s in zip(outputs, pair, strict=True) if n])
+    # a plain session: runtime.session's IOBinding returns a 0-d output with shape (1,)
+    session = ort.InferenceSession(lower_model(model, target=target).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    got = dict(zip(names, session.run(names, {"dy": dy, "a": a, "b": b}), strict=True))
+    for name, want in zip(("da", "db"), ref.div_grad(dy, a, b), strict=True):
+        if name in outputs:
+            close(got[name], want, F32, name)

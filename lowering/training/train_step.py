@@ -33,7 +33,7 @@ from onnx import TensorProto, helper
 from lowering.builder import NodeBuilder
 from lowering.modelio import load_model
 from lowering.passes import lower_runnable
-from lowering.rules.training_updates import AdamW, sgd_update
+from lowering.rules.training_updates import AdamW, StepScalars, sgd_update
 from lowering.training.checkpoint import CheckpointError, read_checkpoint
 from lowering.training.portable_std import spell_out_for_portable
 from opdef.errors import LoweringError, ModelError, OplowerError
@@ -251,14 +251,22 @@ def _append_updates(model: onnx.ModelProto, interface: TrainStepInterface, gradi
     b = NodeBuilder(opset, "train_step", lambda name: name in taken, into=graph.node)
     inputs = {vi.name: vi for vi in graph.input}
     outputs = {vi.name: vi for vi in graph.output}
-    scalar_shape = b.const(np.array([], np.int64), hint="scalar_shape")
-    lr = b.op1("Reshape", ["learning_rate", scalar_shape], hint="lr")
+    groups = _flat_groups(interface.params, inputs)
+    # learning_rate and step as fed, [1]: they broadcast against a flat buffer and any parameter of rank 1 or more
+    # without changing its shape, so only a parameter of rank 0 (or of unknown rank) updated alone needs them as
+    # scalars (two Reshapes); with [1] inputs AdamW's step scalars are stacked (13 -> 9 kernels per step)
+    one_d = all(len(g) > 1 or len(_static_shape(inputs[g[0]]) or ()) > 0 for g in groups)
+    if one_d:
+        lr, step = "learning_rate", "step"
+    else:
+        scalar_shape = b.const(np.array([], np.int64), hint="scalar_shape")
+        lr, step = (b.op1("Reshape", [n, scalar_shape], hint=h) for n, h in (("learning_rate", "lr"), ("step", "step")))
     new_inputs = [helper.make_tensor_value_info("learning_rate", TensorProto.FLOAT, [1]),
                   helper.make_tensor_value_info("step", TensorProto.INT64, [1])]
     new_outputs = [outputs[interface.loss]]
-    scalars = adamw.step_scalars(b, lr, b.op1("Reshape", ["step", scalar_shape], hint="step")) if adamw else None
+    scalars = adamw.step_scalars(b, lr, step, stacked=one_d, portable=portable) if adamw else None
     flat_groups = []
-    for group in _flat_groups(interface.params, inputs):
+    for group in groups:
         if flat_state and len(group) > 1:
             flat_groups.append(_flat_state_update(b, lr, scalars, adamw, group, gradients, inputs, portable, taken))
         else:
@@ -390,8 +398,8 @@ def _flat_groups(params: tuple[str, ...], inputs: Mapping[str, onnx.ValueInfoPro
     return [g for g in by_type.values()] + alone
 
 
-def _flat_update(b: NodeBuilder, lr: str, scalars, adamw: AdamW | None, group: list[str], gradients: dict[str, str],
-                 inputs: Mapping[str, onnx.ValueInfoProto], portable: bool) -> None:
+def _flat_update(b: NodeBuilder, lr: str, scalars: StepScalars | None, adamw: AdamW | None, group: list[str],
+                 gradients: dict[str, str], inputs: Mapping[str, onnx.ValueInfoProto], portable: bool) -> None:
     """The optimizer update of ``group``'s parameters. Several: one elementwise chain over the Concat of their
     flattened values (gradients, parameters, moments), Split back and reshaped into the ``.updated`` outputs:
     about 20 kernels for any number of parameters instead of ~16 each (the per-kernel cost dominated the small
@@ -407,7 +415,7 @@ def _flat_update(b: NodeBuilder, lr: str, scalars, adamw: AdamW | None, group: l
             b.op1("Identity", [sgd_update(b, lr, p, g)], f"{p}.updated")
             return
         m1, m2 = moments(p)
-        for value, name in zip(adamw.update(b, lr, scalars, p, g, m1, m2), (p, m1, m2), strict=True):
+        for value, name in zip(adamw.update(b, scalars, p, g, m1, m2), (p, m1, m2), strict=True):
             b.op1("Identity", [value], f"{name}.updated")
         return
     flat_shape = b.const(np.array([-1], np.int64), hint="flat")
@@ -442,13 +450,13 @@ def _flat_update(b: NodeBuilder, lr: str, scalars, adamw: AdamW | None, group: l
         return
     m1 = concat([moments(p)[0] for p in group], "flat_first_moments")
     m2 = concat([moments(p)[1] for p in group], "flat_second_moments")
-    w_new, m1_new, m2_new = adamw.update(b, lr, scalars, w, g, m1, m2)
+    w_new, m1_new, m2_new = adamw.update(b, scalars, w, g, m1, m2)
     split(w_new, list(group))
     split(m1_new, [moments(p)[0] for p in group])
     split(m2_new, [moments(p)[1] for p in group])
 
 
-def _flat_state_update(b: NodeBuilder, lr: str, scalars, adamw: AdamW | None, group: list[str],
+def _flat_state_update(b: NodeBuilder, lr: str, scalars: StepScalars | None, adamw: AdamW | None, group: list[str],
                        gradients: dict[str, str], inputs: Mapping[str, onnx.ValueInfoProto], portable: bool,
                        taken: set[str]) -> FlatState:
     """The flat state form of :func:`_flat_update`: the group's parameters (and moments) arrive as one flat
@@ -487,7 +495,7 @@ def _flat_state_update(b: NodeBuilder, lr: str, scalars, adamw: AdamW | None, gr
     if adamw is None:
         results = (sgd_update(b, lr, names[0], g),)
     else:
-        results = adamw.update(b, lr, scalars, names[0], g, names[1], names[2])
+        results = adamw.update(b, scalars, names[0], g, names[1], names[2])
     renamed = {value: f"{name}.updated" for value, name in zip(results, names, strict=True)}
     for node in b.nodes[first:]:  # fresh names, read only by the update's own later nodes
         node.input[:] = [renamed.get(n, n) for n in node.input]

@@ -11,7 +11,8 @@
   (Python 3.12) and 1.23 (Python 3.10), f32, f64 and f16 alike;
 - the lowering over dtypes, opsets, symbolic batch, omitted outputs and random broadcast pairs (hypothesis)
   against the float64 reference (checked by onnx.checker full_check), and the reference against finite
-  differences.
+  differences;
+- the portable form in onnxruntime, OpenVINO, tract and onnx.reference.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from _recorded import FIXTURES, recorded_cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
+from test_portable import _run as _run_any
 
 from lowering.passes import lower_model
+from lowering.rules import PORTABLE_OPS
 from opdef.errors import LoweringError
 from opdef.parse import parse_spec
 from opdef.registry import load_schemas
@@ -247,3 +250,31 @@ def test_div_grad_lowering_over_random_broadcasts(pair, target, outputs):
     for name, want in zip(("da", "db"), ref.div_grad(dy, a, b), strict=True):
         if name in outputs:
             close(got[name], want, F32, name)
+
+
+# -- the one form in every runtime ---------------------------------------------------------------------------------
+
+RUNTIMES = ("onnxruntime", "openvino", "tract", "reference")
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("elem", [F32, F16, BF16])
+@pytest.mark.parametrize("a_shape, b_shape", [((2, 3, 4, 4), (1, 3, 1, 1)), ((4,), (3, 1)), ((2, 3, 5), (1,))])
+def test_div_grad_portable_form_in_every_runtime(a_shape, b_shape, elem, runtime, tmp_path):
+    """The portable lowering (only lowering.rules.PORTABLE_OPS) runs in onnxruntime, OpenVINO, tract and
+    onnx.reference; tract has no bf16 (an asserted refusal, as tests/test_portable.py). B of shape [1] rather than []:
+    the OpenVINO harness feeds a 0-d input as shape [1]."""
+    dy, a, b = _data(a_shape, b_shape, NP[elem], seed=3)
+    model = one_node_model(_node(), [("dy", elem, list(dy.shape)), ("a", elem, list(a_shape)),
+                                     ("b", elem, list(b_shape))],
+                           [("da", elem, list(a_shape)), ("db", elem, list(b_shape))])
+    lowered = lower_model(model, target="portable")
+    assert {n.op_type for n in lowered.graph.node} <= PORTABLE_OPS
+    feeds = {"dy": dy, "a": a, "b": b}
+    if runtime == "tract" and elem == BF16:
+        with pytest.raises(Exception, match="Bfloat16"):
+            _run_any(runtime, lowered, feeds, tmp_path)
+        return
+    got = _run_any(runtime, lowered, feeds, tmp_path)
+    for name, want in zip(("da", "db"), ref.div_grad(dy, a, b), strict=True):
+        close(np.asarray(got[name]).reshape(want.shape), want, elem, f"{runtime} {name}")

@@ -200,6 +200,20 @@ def test_div_grad_symbolic_batch(target):
         close(got["db"], want_db, F32, "dB")
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_div_grad_symbolic_shape_of_a_lower_rank_input(target):
+    """A of shape [C] under dY [2, C]: summed over axis 0, reshaped to A's run-time shape (a Shape node)."""
+    model = one_node_model(_node(), [("dy", F32, [2, "C"]), ("a", F32, ["C"]), ("b", F32, [2, "C"])],
+                           [("da", F32, ["C"]), ("db", F32, [2, "C"])])
+    lowered = lower_model(model, target=target)
+    assert "Shape" in {n.op_type for n in lowered.graph.node}
+    dy, a, b = _data((5,), (2, 5), np.float32, seed=4)
+    got = run_model(lowered, {"dy": dy, "a": a, "b": b})
+    want_da, want_db = ref.div_grad(dy, a, b)
+    close(got["da"], want_da, F32, "dA")
+    close(got["db"], want_db, F32, "dB")
+
+
 def test_div_grad_undecidable_broadcast_is_a_lowering_error():
     """B's axis 1 is symbolic against a 4: it may be 1 (broadcast, summed) or 4 (not): refused in one line."""
     model = one_node_model(_node(), [("dy", F32, [2, 4]), ("a", F32, [2, 4]), ("b", F32, [2, "C"])],

@@ -85,7 +85,9 @@ def _bias_gradient(e: Emitter, dy: str, request: LoweringRequest, rank: int, por
     if portable or not isinstance(n, int) or not isinstance(m, int):
         return e.reduce("ReduceSum", dy, (0, *range(2, rank)), keepdims=0, output=target)
     b = e.b
-    rows = e.reduce("ReduceSum", b.op1("Reshape", [dy, e.ints([n, m, -1], "dy_rows")]), (2,), keepdims=0)
+    # the trailing axes at once: onnxruntime's ReduceSum merges contiguous reduced axes, so this is the sum over
+    # the [N, M, P] view's last axis (bit-identical) without the Reshape to it
+    rows = e.reduce("ReduceSum", dy, tuple(range(2, rank)), keepdims=0)  # [N, M]
     # a 1-D ones vector: MatMul computes it as the [1, N] row (the same products and sums) and drops the 1
     return b.op1("MatMul", [b.const(np.ones(n, e.np_ct), hint="ones_vector"), rows], target)  # [M]
 
@@ -148,6 +150,8 @@ def _flipped_kernels(e: Emitter, w: str, w_shape, group: int) -> str:
                             e.ints(flip, "spatial_axes"), e.ints([-1] * len(flip), "backwards")], hint="flipped")
     if per_group == 1 and m == group:  # depthwise, one output per channel: [C, 1, k...] already
         return w
+    if group == 1:  # one Transpose swaps the channels (mobilenet's 1x1 nodes: 4 kernels -> 2 with the Conv)
+        return b.op1("Transpose", [w], perm=[1, 0, *range(2, 2 + spatial)])
     grouped = b.op1("Reshape", [w, e.ints([group, m // group, per_group, *kernel], "kernel_groups")])
     swapped = b.op1("Transpose", [grouped], perm=[0, 2, 1, *range(3, 3 + spatial)])
     return b.op1("Reshape", [swapped, e.ints([group * per_group, m // group, *kernel], "dx_kernels")])

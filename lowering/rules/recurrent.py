@@ -2,27 +2,38 @@
 ``GRUGrad`` (``specs/com.microsoft/``).
 
 Per direction, a ``Scan`` over the steps carries the state; everything that does not depend on the state is
-done on the whole sequence outside it, as batched MatMuls and ReduceSums:
+done on the whole sequence outside it, as batched MatMuls, elementwise ops and ReduceSums:
 
-- forward: ``X W^T + W_b + R_b`` for all steps at once; the Scan body adds ``h R^T`` and applies the gates.
-  The reverse direction runs the same Scan on the sequence reversed (a Slice of step -1) and reverses its
-  outputs back into step order. The Scan's scan outputs are only the requested ones of HAll, CAll, iofc.
+- forward: ``X W^T + W_b + R_b`` for all steps at once; the Scan body adds ``h R^T`` and applies the gates, one
+  Sigmoid over the i, o, f blocks (GRU: z, r) and one Tanh over the c block. The requested HAll, CAll, iofc (GRU:
+  HAll, ZRH) leave the body as one packed scan output (a Concat per step rather than an Identity for each new
+  state that is also a scan output), split into the outputs once after the loop.
 - backward (backpropagation through time): a Scan opposite to the forward carries dh, dc and emits the gate
-  pre-activation gradients dz per step; then dX = dz W, dW = sum dz^T x, dR = sum dz^T h_prev (h_prev: HAll
+  pre-activation gradients dz per step; the gate factors (tanh c, 1 - o, 1 - g^2, ...) are computed for all steps
+  before the loop and stacked so that one Mul per factor makes the four gates' dz with the same products in the
+  same order as per gate (the same bits); then dX = dz W, dW = sum dz^T x, dR = sum dz^T h_prev (h_prev: HAll
   shifted by one step, initial_h first), dB and dP by ReduceSum, all outside the loop.
 - ``sequence_lengths``: a step mask ``t < L`` (Range, Less); where it is false the state is carried unchanged
   (Where) and the step's outputs are 0, in the forward and the backward Scan alike.
-- GRU: the same shape; the backward Scan emits [a_z, a_r, a_h] and, for ``linear_before_reset`` 1, reads the
+- GRU: the same shape; the backward Scan emits [a_z, a_r] and a_h and, for ``linear_before_reset`` 1, reads the
   reset gate's operand ``h_prev R_h^T + R_bh``, computed for all steps before it.
+
+Kernels per step of the committed lstm artifact (S = 5): LSTMTraining 92 + 20 of its Gathers' Squeezes -> 71,
+LSTMGrad 174 + 20 -> 78 (the bodies 19 -> 12 and 34 -> 10 kernels per step). Sigmoid and Tanh over the stacked
+blocks (and Tanh c before the loop) give the per-block bits in f32 (MLAS); in f64 (Eigen) an element may land 1 ulp
+apart.
 
 Scan rather than Loop: measured faster for the backward, equal for the forward (onnxruntime CPU, S=50, N=32,
 H=128); unrolling a short static sequence measured the same as the Scan on the S=5 artifacts. Three runtime
-quirks shape the Scan (:func:`_scan`): the weights ride it as pass-through states (OpenVINO refuses a body that
-reads outer values), backwards runs reverse with Slices (``onnx.reference`` has scan direction 0 only), and a
-new state computed from scan inputs alone is reshaped like the carried one (tract, :meth:`_Emit.like`).
+quirks shape the portable Scan (:func:`_scan`): the weights ride it as pass-through states (OpenVINO refuses a
+body that reads outer values), backwards runs reverse with Slices (``onnx.reference`` has scan direction 0 only),
+and a new state computed from scan inputs alone is reshaped like the carried one (tract, :meth:`_Emit.like`). On
+the onnxruntime target a backwards Scan runs with ``scan_input_directions``, the backward bodies read the weights
+by name (the forward ones keep them as states, which the tests pin in their Scan outputs) and, with H static,
+gate blocks are cut by Split.
 
-One form for both targets: MatMul, Gather, Reshape, Transpose, Concat, Slice, Where, Less, Range, Expand,
-Sigmoid, Tanh, elementwise arithmetic and Scan with runtime inputs (lowering.rules.PORTABLE_OPS).
+The portable form uses MatMul, Gather, Reshape, Transpose, Concat, Slice, Where, Less, Range, Expand, Sigmoid,
+Tanh, elementwise arithmetic and Scan with runtime inputs (lowering.rules.PORTABLE_OPS).
 """
 
 from __future__ import annotations
@@ -37,13 +48,23 @@ from lowering.rules import TARGETS, LoweringRequest, register_rule
 from lowering.rules.elementwise_grad import input_elem
 
 AXES_INPUT_SINCE = 13  # Unsqueeze/Squeeze take axes as an input from here on
+SPLIT_INPUT_SINCE = 13  # Split's split as an input
 _BACKWARDS = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}
 
 
 class _Emit(Emitter):
     """The helpers the recurrent rules use; ``b`` may be the main graph's builder or a Scan body's."""
 
-    state_zeros: str | None = None  # zeros [N, H] for a missing initial state or final-state gradient, made once
+    def __init__(self, b: NodeBuilder, ct: int, onnxruntime: bool, hidden: int | None) -> None:
+        super().__init__(b, ct)
+        self.onnxruntime = onnxruntime  # the onnxruntime target (else the portable one)
+        # H where the onnxruntime target knows it statically: gate blocks are cut by one Split kernel
+        self.hidden = hidden if onnxruntime else None
+        self.state_zeros: str | None = None  # zeros [N, H] for a missing initial state or final-state gradient
+
+    def body(self, b: NodeBuilder) -> _Emit:
+        """An emitter for a Scan body built by ``b``, with this one's target."""
+        return _Emit(b, self.ct, self.onnxruntime, self.hidden)
 
     def unsqueeze(self, x: str, axes: list[int], output: str | None = None) -> str:
         if self.b.opset < AXES_INPUT_SINCE:
@@ -73,16 +94,35 @@ class _Emit(Emitter):
     def one_minus(self, x: str) -> str:
         return self.b.op1("Sub", [self.scalar(1.0, "one"), x])
 
-    def gates(self, x: str, count: int = 4) -> list[str]:
-        """The ``count`` H-wide blocks of the last axis of ``x`` ([N, count*H] -> count x [N, H])."""
-        blocks = self.b.op1("Reshape", [x, self.ints([0, count, -1], "gate_blocks")])
-        return [self.pick(blocks, k, 1) for k in range(count)]
+    def split(self, x: str, blocks: list[int], axis: int, outputs: list[str] | None = None) -> list[str]:
+        """``x`` cut along ``axis``, its last, into parts of ``blocks[k]`` H-wide gate blocks each (written to
+        ``outputs`` when given): one Split where H is static on the onnxruntime target, else a [.., blocks, H]
+        view and a Gather (one block) or a Slice and a Reshape (several) per part."""
+        outputs = outputs or [self.b.fresh("gate") for _ in blocks]
+        if self.hidden:
+            sizes = [k * self.hidden for k in blocks]
+            if self.b.opset < SPLIT_INPUT_SINCE:
+                self.b.op("Split", [x], outputs, axis=axis, split=sizes)
+            else:
+                self.b.op("Split", [x, self.ints(sizes, "splits")], outputs, axis=axis)
+            return outputs
+        view = self.b.op1("Reshape", [x, self.ints([0] * axis + [sum(blocks), -1], "gate_blocks")])
+        start = 0
+        for k, output in zip(blocks, outputs, strict=True):
+            if k == 1:
+                self.b.op1("Gather", [view, self.b.const(np.array(start, np.int64), hint="index")], output,
+                           axis=axis)
+            else:
+                self.b.op1("Reshape", [self.slice(view, start, start + k, axis), self.ints([0] * axis + [-1], "flat")],
+                           output)
+            start += k
+        return outputs
 
     def like(self, x: str, reference: str) -> str:
-        """``x`` reshaped to ``reference``'s shape: a Scan body's new state shaped like the carried one (tract
-        0.23's Scan analysis sees a state with the scan axis kept, [1, N, H], and refuses a new state computed
-        from the scan inputs alone, [N, H])."""
-        return self.b.op1("Reshape", [x, self.b.op1("Shape", [reference])])
+        """``x`` reshaped to ``reference``'s shape on the portable target: a Scan body's new state shaped like
+        the carried one (tract 0.23's Scan analysis sees a state with the scan axis kept, [1, N, H], and refuses
+        a new state computed from the scan inputs alone, [N, H]); onnxruntime needs no Reshape."""
+        return x if self.onnxruntime else self.b.op1("Reshape", [x, self.b.op1("Shape", [reference])])
 
     def emit(self, op_type: str, inputs: list[str], output: str, out_type: int, **attrs) -> None:
         """The last op of a result writes the requested name (through one Cast when the types differ)."""
@@ -98,6 +138,18 @@ class _Emit(Emitter):
             self.emit("Identity", parts, output, out_type)
         else:
             self.emit("Concat", parts, output, out_type, axis=axis)
+
+    def unpack(self, packed: list[str], outputs: list[str], blocks: list[int], out_type: int) -> None:
+        """The Scan's one packed output per direction, [S, N, sum(blocks) H], stacked on a direction axis
+        ([S, D, N, ..]) and split into ``outputs`` of ``blocks[k]`` H-wide blocks each."""
+        if len(outputs) == 1:
+            self.stack(packed, 1, outputs[0], out_type)
+            return
+        parts = [self.unsqueeze(p, [1]) for p in packed]
+        whole = parts[0] if len(parts) == 1 else self.b.op1("Concat", parts, axis=1)
+        if out_type != self.ct:
+            whole = self.b.op1("Cast", [whole], to=out_type)
+        self.split(whole, blocks, 3, outputs)
 
 
 def _state_zeros(e: _Emit, x: str, r: str) -> str:
@@ -149,41 +201,55 @@ def _reversed(e: _Emit, x: str) -> str:
 
 
 def _scan(e: _Emit, hint: str, states: list[str], scans: list[str], build, n_scan_outputs: int,
-          backwards: bool, constants: list[str] = ()) -> tuple[list[str], list[str]]:
+          backwards: bool, constants: list[str] = (), outer: bool = False) -> tuple[list[str], list[str]]:
     """A Scan over axis 0 of ``scans`` carrying ``states``; ``build(sub_emitter, state_names, scan_names,
     constant_names)`` returns (new states, scan outputs); returns (final states, stacked scan outputs).
 
-    ``constants`` (the weights the body multiplies by) ride along as extra states passed through unchanged:
-    OpenVINO's Scan refuses a body that reads outer values by name. A backwards Scan reverses its scan inputs
-    and outputs with Slices rather than ``scan_input_directions`` (onnx.reference's Scan has only 0)."""
+    ``constants`` (the weights the body multiplies by) ride along as extra states passed through unchanged
+    (OpenVINO's Scan refuses a body that reads outer values by name), or with ``outer`` the body reads them by
+    name (no Identity per step). A backwards Scan reverses its scan inputs and outputs with Slices on the portable
+    target (onnx.reference's Scan has direction 0 only), with ``scan_input_directions`` on onnxruntime."""
     b = e.b
     body = onnx.GraphProto(name=b.fresh(hint))
-    sub = _Emit(NodeBuilder(b.opset, b.fresh("body"), b.is_taken, into=body.node), e.ct)
+    sub = e.body(NodeBuilder(b.opset, b.fresh("body"), b.is_taken, into=body.node))
     state_in = [sub.b.fresh("state") for _ in states]
-    const_in = [sub.b.fresh("weight") for _ in constants]
+    const_in = list(constants) if outer else [sub.b.fresh("weight") for _ in constants]
+    passed_in = [] if outer else const_in
     scan_in = [sub.b.fresh("step") for _ in scans]
-    body.input.extend([helper.make_tensor_value_info(n, e.ct, None) for n in state_in + const_in] +
+    body.input.extend([helper.make_tensor_value_info(n, e.ct, None) for n in state_in + passed_in] +
                       [helper.make_tensor_value_info(n, TensorProto.BOOL if s.startswith("mask:") else e.ct, None)
                        for n, s in zip(scan_in, scans, strict=True)])
     new_states, outs = build(sub, state_in, scan_in, const_in)
     # body outputs must be distinct names of the body's own (a body input passed through, or a value that is
     # both the new state and a scan output, goes through an Identity)
     body_out: list[str] = []
-    taken = set(state_in + const_in + scan_in)
-    for v in new_states + const_in + outs:
+    taken = set(state_in + passed_in + scan_in)
+    for v in new_states + passed_in + outs:
         body_out.append(sub.b.op1("Identity", [v]) if v in taken or v in body_out else v)
     body.output.extend([helper.make_tensor_value_info(n, e.ct, None) for n in body_out])
     finals = [b.fresh(hint + "_final") for _ in states]
-    passed = [b.fresh(hint + "_weight") for _ in constants]
+    passed = [b.fresh(hint + "_weight") for _ in passed_in]
     stacked = [b.fresh(hint + "_all") for _ in range(n_scan_outputs)]
     inputs = [s.removeprefix("mask:") for s in scans]
-    if backwards:
+    directions = {}
+    if backwards and e.onnxruntime:
+        directions = {"scan_input_directions": [1] * len(inputs), "scan_output_directions": [1] * n_scan_outputs}
+    elif backwards:
         inputs = [_reversed(e, s) for s in inputs]
-    b.op("Scan", list(states) + list(constants) + inputs, finals + passed + stacked, hint=hint, body=body,
-         num_scan_inputs=len(scans))
-    if backwards:
+    b.op("Scan", list(states) + ([] if outer else list(constants)) + inputs, finals + passed + stacked, hint=hint,
+         body=body, num_scan_inputs=len(scans), **directions)
+    if backwards and not e.onnxruntime:
         stacked = [_reversed(e, s) for s in stacked]
     return finals, stacked
+
+
+def _hidden(request: LoweringRequest) -> int | None:
+    """H when static: the ``hidden_size`` attribute, else R's last dimension."""
+    if "hidden_size" in request.inference.attributes:
+        return int(request.inference.attributes["hidden_size"])
+    r = request.inference.input_types[request.inference.schema.input_index("R")]
+    dim = None if r is None or r.shape is None else r.shape[-1]
+    return dim if isinstance(dim, int) and dim > 0 else None
 
 
 def _start(b: NodeBuilder, request: LoweringRequest, roles: tuple[str, ...]):
@@ -193,7 +259,7 @@ def _start(b: NodeBuilder, request: LoweringRequest, roles: tuple[str, ...]):
     if not any(outputs.values()):
         return None
     io = input_elem(request, "X")
-    e = _Emit(b, compute_type(io))
+    e = _Emit(b, compute_type(io), request.options.target == "onnxruntime", _hidden(request))
     x, w, r = (e.up(request.input(n), io) for n in ("X", "W", "R"))
     return outputs, io, e, x, w, r
 
@@ -210,7 +276,7 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
     lengths = request.input("sequence_lengths")
     mask = _step_mask(e, _steps(e, x), lengths) if lengths else None
     scan_outputs = [r for r in ("HAll", "CAll", "iofc") if outputs[r]]
-    per_direction: dict[str, list[str]] = {r: [] for r in roles}
+    per_direction: dict[str, list[str]] = {r: [] for r in ("HFinal", "CFinal", "packed")}
     for d, backwards in enumerate(_BACKWARDS[request.inference.attributes.get("direction", "forward")]):
         w_d, r_d = e.pick(w, d, 0), e.pick(r, d, 0)
         projected = b.op1("MatMul", [x, b.op1("Transpose", [w_d], perm=[1, 0])], hint="x_w")
@@ -230,20 +296,27 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
             h, c = state
             r_t = weights[0]
             peepholes = weights[1:] or None
-            z_i, z_o, z_f, z_c = s.gates(s.b.op1("Add", [scanned[0], s.b.op1("MatMul", [h, r_t])]))
-            if peepholes is not None:
+            z = s.b.op1("Add", [scanned[0], s.b.op1("MatMul", [h, r_t])])
+            if peepholes is None:  # one Sigmoid over the i, o, f blocks (elementwise: the per-block bits)
+                z_iof, z_c = s.split(z, [3, 1], 1)
+                iof, g = s.b.op1("Sigmoid", [z_iof]), s.b.op1("Tanh", [z_c])
+                i, o, f = s.split(iof, [1, 1, 1], 1)
+                activated = [iof, g]
+                c_new = s.add(s.mul(f, c), s.mul(i, g))
+            else:  # o's pre-activation reads the new c
+                z_i, z_o, z_f, z_c = s.split(z, [1, 1, 1, 1], 1)
                 z_i = s.add(z_i, s.mul(peepholes[0], c))
                 z_f = s.add(z_f, s.mul(peepholes[2], c))
-            i, f, g = s.b.op1("Sigmoid", [z_i]), s.b.op1("Sigmoid", [z_f]), s.b.op1("Tanh", [z_c])
-            c_new = s.add(s.mul(f, c), s.mul(i, g))
-            if peepholes is not None:
-                z_o = s.add(z_o, s.mul(peepholes[1], c_new))
-            o = s.b.op1("Sigmoid", [z_o])
+                i, f, g = s.b.op1("Sigmoid", [z_i]), s.b.op1("Sigmoid", [z_f]), s.b.op1("Tanh", [z_c])
+                c_new = s.add(s.mul(f, c), s.mul(i, g))
+                o = s.b.op1("Sigmoid", [s.add(z_o, s.mul(peepholes[1], c_new))])
+                activated = [i, o, f, g]
             h_new = s.mul(o, s.b.op1("Tanh", [c_new]))
-            values = {"HAll": h_new, "CAll": c_new}
-            if "iofc" in scan_outputs:
-                values["iofc"] = s.b.op1("Concat", [i, o, f, g], axis=1)
-            outs = [values[role] for role in scan_outputs]
+            # the requested HAll, CAll, iofc as one packed scan output (one Concat per step, not an Identity each
+            # for the new states); split once after the loop
+            parts = {"HAll": [h_new], "CAll": [c_new], "iofc": activated}
+            pieces = [p for role in scan_outputs for p in parts[role]]
+            outs = [s.b.op1("Concat", pieces, axis=1) if len(pieces) > 1 else pieces[0]] if pieces else []
             if mask is None:
                 return [h_new, c_new], outs
             keep = scanned[1]
@@ -252,15 +325,17 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
                     [s.b.op1("Where", [keep, v, zero]) for v in outs])
 
         scans = [projected] + ([f"mask:{mask}"] if mask else [])
-        finals, stacked = _scan(e, "lstm_forward", start, scans, step, len(scan_outputs), backwards,
-                                [r_t] + (peepholes or []))
+        finals, packed = _scan(e, "lstm_forward", start, scans, step, 1 if scan_outputs else 0, backwards,
+                               [r_t] + (peepholes or []))
         per_direction["HFinal"].append(finals[0])
         per_direction["CFinal"].append(finals[1])
-        for role, value in zip(scan_outputs, stacked, strict=True):
-            per_direction[role].append(value)
-    for role in roles:
+        per_direction["packed"] += packed
+    for role in ("HFinal", "CFinal"):
         if outputs[role]:
-            e.stack(per_direction[role], 1 if role in ("HAll", "CAll", "iofc") else 0, outputs[role], io)
+            e.stack(per_direction[role], 0, outputs[role], io)
+    if scan_outputs:
+        e.unpack(per_direction["packed"], [outputs[r] for r in scan_outputs],
+                 [4 if r == "iofc" else 1 for r in scan_outputs], io)
 
 
 # -- LSTMGrad -------------------------------------------------------------------------------------------------------
@@ -300,37 +375,42 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         h_d, c_d, gates_d = (e.pick(v, d, 1) for v in (h_all, c_all, gates))
         keep_prev = _step_mask(e, steps, lengths, 1) if lengths and backwards else None
         c_prev = _previous(e, c_d, initial[1], backwards, keep_prev)
+        # Every factor that does not depend on the carried dh, dc, for all steps at once before the loop, stacked
+        # so that one Mul per factor makes all four gates' dz in the per-gate products' order:
+        # dz_i = ((dc g) i)(1 - i), dz_o = ((dh tanh c) o)(1 - o), dz_f = ((dc c_prev) f)(1 - f),
+        # dz_c = ((dc 1) i)(1 - g^2) = (dc i)(1 - g^2) (times 1: exact); the same bits as the products per step.
+        i, o, f, g = e.split(gates_d, [1, 1, 1, 1], 2)
+        tanh_c = b.op1("Tanh", [c_d])
+        ones = b.op1("Expand", [e.scalar(1.0, "one"), b.op1("Shape", [c_d])])
+        first = b.op1("Concat", [g, tanh_c, c_prev, ones], axis=2)
+        second = b.op1("Concat", [i, o, f, i], axis=2)
+        third = e.one_minus(b.op1("Concat", [i, o, f, e.mul(g, g)], axis=2))
+        through_c = e.one_minus(e.mul(tanh_c, tanh_c))  # dc += (dh o)(1 - tanh^2 c)
 
         def step(s: _Emit, state: list[str], scanned: list[str], weights: list[str]):
             dh, dc = state
             r_d = weights[0]
-            gates_t, c_t, c_prev_t = scanned[:3]
-            dh_t = dh if d_h_all is None else s.add(dh, scanned[3])
+            first_t, second_t, third_t, o_t, through_c_t, f_t = scanned[:6]
+            dh_t = dh if d_h_all is None else s.add(dh, scanned[6])
             dh_s, dc_s = dh_t, dc
             if mask is not None:
                 keep, zero = scanned[-1], s.scalar(0.0, "zero")
                 dh_s, dc_s = s.b.op1("Where", [keep, dh_t, zero]), s.b.op1("Where", [keep, dc, zero])
-            i, o, f, g = s.gates(gates_t)
-            tanh_c = s.b.op1("Tanh", [c_t])
-            dz_o = s.mul(dh_s, tanh_c, o, s.one_minus(o))
-            dc_t = s.add(dc_s, s.mul(dh_s, o, s.one_minus(s.mul(tanh_c, tanh_c))))
-            dz_i = s.mul(dc_t, g, i, s.one_minus(i))
-            dz_f = s.mul(dc_t, c_prev_t, f, s.one_minus(f))
-            dz_c = s.mul(dc_t, i, s.one_minus(s.mul(g, g)))
-            dz = s.b.op1("Concat", [dz_i, dz_o, dz_f, dz_c], axis=1)
+            dc_t = s.add(dc_s, s.mul(dh_s, o_t, through_c_t))
+            dz = s.mul(s.b.op1("Concat", [dc_t, dh_s, dc_t, dc_t], axis=1), first_t, second_t, third_t)
             dh_new = s.like(s.b.op1("MatMul", [dz, r_d]), dh)
-            dc_new = s.mul(dc_t, f)
+            dc_new = s.mul(dc_t, f_t)
             if mask is not None:
                 dh_new, dc_new = s.b.op1("Where", [keep, dh_new, dh]), s.b.op1("Where", [keep, dc_new, dc])
             return [dh_new, dc_new], [dz]
 
-        scans = [gates_d, c_d, c_prev]
+        scans = [first, second, third, o, through_c, f]
         if d_h_all is not None:
             scans.append(e.pick(d_h_all, d, 1))
         if mask is not None:
             scans.append(f"mask:{mask}")
-        # backpropagation runs opposite to the forward
-        finals, (dz,) = _scan(e, "lstm_backward", start, scans, step, 1, not backwards, [r_d])
+        # backpropagation runs opposite to the forward; onnxruntime reads R by name (no Identity per step)
+        finals, (dz,) = _scan(e, "lstm_backward", start, scans, step, 1, not backwards, [r_d], outer=e.onnxruntime)
         results["dH0"].append(finals[0])
         results["dC0"].append(finals[1])
         if outputs["dX"]:
@@ -391,7 +471,10 @@ def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
     lengths = request.input("sequence_lengths")
     mask = _step_mask(e, _steps(e, x), lengths) if lengths else None
     scan_outputs = [role for role in ("HAll", "ZRH") if outputs[role]]
-    per_direction: dict[str, list[str]] = {role: [] for role in roles}
+    # with H static, R_bh rides as [0, 0, R_bh] added to h R^T: one Gemm kernel (h R_zr^T + 0 is h R_zr^T, up to
+    # the sign of a zero that the Sigmoid of the sum does not see)
+    padded = bool(linear_before_reset and request.input("B") and e.hidden)
+    per_direction: dict[str, list[str]] = {role: [] for role in ("HFinal", "packed")}
     for d, backwards in enumerate(_BACKWARDS[attributes.get("direction", "forward")]):
         w_d, r_d = e.pick(w, d, 0), e.pick(r, d, 0)
         projected = b.op1("MatMul", [x, b.op1("Transpose", [w_d], perm=[1, 0])], hint="x_w")
@@ -400,9 +483,12 @@ def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
         if bias is not None:
             x_bias, rb_h = _gru_biases(e, bias, linear_before_reset)
             projected = b.op1("Add", [projected, x_bias])
+        x_zr, x_h = e.split(projected, [2, 1], 2)  # for all steps: the scan inputs
         start = _direction_input(e, request, "initial_h", d, io)
         if start is None:
             start = _state_zeros(e, x, r)
+        if padded:
+            rb_h = b.op1("Concat", [b.const(np.zeros(2 * e.hidden, e.np_ct), hint="zeros"), rb_h], axis=0)
         if linear_before_reset:
             weights = [b.op1("Transpose", [r_d], perm=[1, 0], hint="r_t")] + ([rb_h] if rb_h else [])
         else:
@@ -410,36 +496,41 @@ def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
 
         def step(s: _Emit, state: list[str], scanned: list[str], weights: list[str]):
             (h,) = state
-            x_z, x_r, x_h = s.gates(scanned[0], 3)
+            x_zr_t, x_h_t = scanned[:2]
             if linear_before_reset:
-                h_z, h_r, h_h = s.gates(s.b.op1("MatMul", [h, weights[0]]), 3)
-                if len(weights) > 1:
+                h_r = s.b.op1("MatMul", [h, weights[0]])
+                if padded:
+                    h_r = s.add(h_r, weights[1])
+                h_zr, h_h = s.split(h_r, [2, 1], 1)
+                if not padded and len(weights) > 1:
                     h_h = s.add(h_h, weights[1])
             else:
-                h_z, h_r = s.gates(s.b.op1("MatMul", [h, weights[0]]), 2)
-            z, reset = s.b.op1("Sigmoid", [s.add(x_z, h_z)]), s.b.op1("Sigmoid", [s.add(x_r, h_r)])
+                h_zr = s.b.op1("MatMul", [h, weights[0]])
+            zr = s.b.op1("Sigmoid", [s.add(x_zr_t, h_zr)])  # z and r at once (elementwise: the per-gate bits)
+            z, reset = s.split(zr, [1, 1], 1)
             if linear_before_reset:
-                candidate = s.b.op1("Tanh", [s.add(x_h, s.mul(reset, h_h))])
+                candidate = s.b.op1("Tanh", [s.add(x_h_t, s.mul(reset, h_h))])
             else:
-                candidate = s.b.op1("Tanh", [s.add(x_h, s.b.op1("MatMul", [s.mul(reset, h), weights[1]]))])
+                candidate = s.b.op1("Tanh", [s.add(x_h_t, s.b.op1("MatMul", [s.mul(reset, h), weights[1]]))])
             h_new = s.add(s.mul(s.one_minus(z), candidate), s.mul(z, h))
-            values = {"HAll": h_new}
-            if "ZRH" in scan_outputs:
-                values["ZRH"] = s.b.op1("Concat", [z, reset, candidate], axis=1)
-            outs = [values[role] for role in scan_outputs]
+            # the requested HAll, ZRH as one packed scan output, split once after the loop
+            parts = {"HAll": [h_new], "ZRH": [zr, candidate]}
+            pieces = [p for role in scan_outputs for p in parts[role]]
+            outs = [s.b.op1("Concat", pieces, axis=1) if len(pieces) > 1 else pieces[0]] if pieces else []
             if mask is None:
                 return [h_new], outs
-            keep, zero = scanned[1], s.scalar(0.0, "zero")
+            keep, zero = scanned[2], s.scalar(0.0, "zero")
             return [s.b.op1("Where", [keep, h_new, h])], [s.b.op1("Where", [keep, v, zero]) for v in outs]
 
-        scans = [projected] + ([f"mask:{mask}"] if mask else [])
-        finals, stacked = _scan(e, "gru_forward", [start], scans, step, len(scan_outputs), backwards, weights)
+        scans = [x_zr, x_h] + ([f"mask:{mask}"] if mask else [])
+        finals, packed = _scan(e, "gru_forward", [start], scans, step, 1 if scan_outputs else 0, backwards, weights)
         per_direction["HFinal"].append(finals[0])
-        for role, value in zip(scan_outputs, stacked, strict=True):
-            per_direction[role].append(value)
-    for role in roles:
-        if outputs[role]:
-            e.stack(per_direction[role], 0 if role == "HFinal" else 1, outputs[role], io)
+        per_direction["packed"] += packed
+    if outputs["HFinal"]:
+        e.stack(per_direction["HFinal"], 0, outputs["HFinal"], io)
+    if scan_outputs:
+        e.unpack(per_direction["packed"], [outputs[r] for r in scan_outputs],
+                 [3 if r == "ZRH" else 1 for r in scan_outputs], io)
 
 
 # -- GRUGrad --------------------------------------------------------------------------------------------------------
@@ -468,13 +559,18 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         h_prev = _previous(e, h_d, initial, backwards, keep_prev)
         r_zr_t, r_h_t = _gru_weights(e, r_d)
         r_zr, r_h = (b.op1("Transpose", [v], perm=[1, 0]) for v in (r_zr_t, r_h_t))
-        scans = [gates_d, h_prev]
-        if linear_before_reset:  # q = h_prev R_h^T + Rb_h, for all steps at once
+        # Every factor that does not depend on the carried dh, for all steps at once before the loop; a_z and a_r
+        # by one Mul per factor in the per-gate products' order: a_z = ((dh (h_prev - h~)) z)(1 - z) and
+        # a_r = ((a_h q) r)(1 - r) (linear_before_reset), ((g h_prev) r)(1 - r) with g = a_h R_h (else)
+        zr, candidate = e.split(gates_d, [2, 1], 2)
+        z, reset = e.split(zr, [1, 1], 2)
+        if linear_before_reset:  # q = h_prev R_h^T + Rb_h
             q = b.op1("MatMul", [h_prev, r_h_t], hint="q")
             bias = _direction_input(e, request, "B", d, io)
             if bias is not None:
                 q = b.op1("Add", [q, _gru_biases(e, bias, 1)[1]])
-            scans.append(q)
+        first = b.op1("Concat", [b.op1("Sub", [h_prev, candidate]), q if linear_before_reset else h_prev], axis=2)
+        scans = [z, reset, e.one_minus(z), e.one_minus(e.mul(candidate, candidate)), first, zr, e.one_minus(zr)]
         if d_h_all is not None:
             scans.append(e.pick(d_h_all, d, 1))
         if mask is not None:
@@ -483,42 +579,42 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         def step(s: _Emit, state: list[str], scanned: list[str], weights: list[str]):
             (dh,) = state
             r_zr, r_h = weights
-            gates_t, h_prev_t = scanned[:2]
-            rest = scanned[2:]
-            q_t = rest.pop(0) if linear_before_reset else None
-            dh_t = dh if d_h_all is None else s.add(dh, rest.pop(0))
+            z_t, reset_t, one_minus_z, one_minus_c2, first_t, zr_t, one_minus_zr = scanned[:7]
+            dh_t = dh if d_h_all is None else s.add(dh, scanned[7])
             if mask is not None:
-                keep = rest.pop(0)
+                keep = scanned[-1]
                 dh_t = s.b.op1("Where", [keep, dh_t, s.scalar(0.0, "zero")])
-            z, reset, candidate = s.gates(gates_t, 3)
-            a_h = s.mul(dh_t, s.one_minus(z), s.one_minus(s.mul(candidate, candidate)))
-            a_z = s.mul(dh_t, s.b.op1("Sub", [h_prev_t, candidate]), z, s.one_minus(z))
+            a_h = s.mul(dh_t, one_minus_z, one_minus_c2)
             if linear_before_reset:
-                a_r = s.mul(a_h, q_t, reset, s.one_minus(reset))
-                through_reset = s.b.op1("MatMul", [s.mul(a_h, reset), r_h])
+                a_zr = s.mul(s.b.op1("Concat", [dh_t, a_h], axis=1), first_t, zr_t, one_minus_zr)
+                through_reset = s.b.op1("MatMul", [s.mul(a_h, reset_t), r_h])
             else:
                 g = s.b.op1("MatMul", [a_h, r_h])
-                a_r = s.mul(g, h_prev_t, reset, s.one_minus(reset))
-                through_reset = s.mul(g, reset)
-            a_zr = s.b.op1("Concat", [a_z, a_r], axis=1)
-            dh_new = s.like(s.add(s.mul(dh_t, z), s.b.op1("MatMul", [a_zr, r_zr]), through_reset), dh)
+                a_zr = s.mul(s.b.op1("Concat", [dh_t, g], axis=1), first_t, zr_t, one_minus_zr)
+                through_reset = s.mul(g, reset_t)
+            dh_new = s.like(s.add(s.mul(dh_t, z_t), s.b.op1("MatMul", [a_zr, r_zr]), through_reset), dh)
             if mask is not None:
                 dh_new = s.b.op1("Where", [keep, dh_new, dh])
-            return [dh_new], [s.b.op1("Concat", [a_zr, a_h], axis=1)]
+            # onnxruntime: a_zr and a_h as two scan outputs, joined once after the loop; the portable target joins
+            # them per step (tract 0.23 fails to analyse the Scan with a_h a scan output of its own)
+            return [dh_new], [a_zr, a_h] if s.onnxruntime else [s.b.op1("Concat", [a_zr, a_h], axis=1)]
 
-        # backpropagation runs opposite to the forward
-        finals, (da,) = _scan(e, "gru_backward", [start], scans, step, 1, not backwards, [r_zr, r_h])
+        # backpropagation runs opposite to the forward; onnxruntime reads the weights by name
+        finals, stacked = _scan(e, "gru_backward", [start], scans, step, 2 if e.onnxruntime else 1, not backwards,
+                                [r_zr, r_h], outer=e.onnxruntime)
         results["dH0"].append(finals[0])
+        if e.onnxruntime:
+            da_zr, da_h = stacked
+            da = b.op1("Concat", stacked, axis=2) if outputs["dX"] or outputs["dW"] or outputs["dB"] else None
+        else:
+            (da,) = stacked
+            da_zr, da_h = e.split(da, [2, 1], 2)
         if outputs["dX"]:
             results["dX"].append(b.op1("MatMul", [da, w_d], hint="dx"))
         if outputs["dW"]:
             da_t = b.op1("Transpose", [da], perm=[0, 2, 1], hint="da_t")
             results["dW"].append(e.reduce("ReduceSum", b.op1("MatMul", [da_t, x]), (0,), keepdims=0))
         if outputs["dR"] or outputs["dB"]:
-            blocks = b.op1("Reshape", [da, e.ints([0, 0, 3, -1], "gate_blocks_all")])
-            da_zr = b.op1("Reshape", [e.slice(blocks, 0, 2, 2), e.ints([0, 0, -1], "zr_view")])
-            da_h = e.pick(blocks, 2, 2)
-            reset = e.pick(b.op1("Reshape", [gates_d, e.ints([0, 0, 3, -1], "gate_blocks_all")]), 1, 2)
             if linear_before_reset:  # the h rows see a_h r against h_prev
                 da_h = b.op1("Mul", [da_h, reset])
                 h_rows_of = h_prev

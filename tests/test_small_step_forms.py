@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 import lowering.training.train_step as ts
 from lowering import lower_model
 from lowering.builder import NodeBuilder
-from lowering.rules.training_updates import AdamW
+from lowering.rules.training_updates import AdamW, sgd_update
 
 ARTIFACTS = Path(__file__).resolve().parent / "fixtures" / "ort_training" / "artifacts"
 F32, I32, I64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
@@ -185,3 +185,26 @@ def test_sce_loss_grad_keeps_the_guard_for_a_class_ignored_or_a_large_log_prob(s
     ops = [n.op_type for n in lower_model(model).graph.node]
     guarded = shape != (256, 128)
     assert ("Min" in ops) == guarded and ("Range" in ops) == guarded
+
+
+# -- SGD -----------------------------------------------------------------------------------------------------------
+
+def test_sgd_update_is_one_sub_with_the_neg_forms_bits():
+    """w - lr * g gives w + (-lr) * g's bits (zeros of both signs, infinities, subnormals included); a NaN stays a
+    NaN (its sign bit may differ: onnxruntime's Sub flips a NaN subtrahend's)."""
+    graph = helper.make_graph([], "sgd", [helper.make_tensor_value_info(n, F32, s)
+                                          for n, s in (("w", [64]), ("g", [64]), ("lr", [1]))], [])
+    b = NodeBuilder(17, "s", lambda name: False, into=graph.node)
+    b.op1("Identity", [sgd_update(b, "lr", "w", "g")], "new")
+    b.op1("Add", ["w", b.op1("Mul", [b.op1("Neg", ["lr"]), "g"])], "old")
+    graph.output.extend(helper.make_tensor_value_info(n, F32, [64]) for n in ("new", "old"))
+    assert [n.op_type for n in graph.node].count("Neg") == 1  # the old form's alone
+    session = _session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    rng = np.random.default_rng(7)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3e38, -3e38, 1.0], np.float32)
+    for lr in (1e-3, -0.5, 0.0, -0.0, 3e38, np.inf):
+        w, g = (np.concatenate([special, rng.standard_normal(54).astype(np.float32)]) for _ in range(2))
+        g = rng.permutation(g)
+        new, old = session.run(None, {"w": w, "g": g, "lr": np.array([lr], np.float32)})
+        nan = np.isnan(old)
+        assert np.array_equal(np.isnan(new), nan) and new[~nan].tobytes() == old[~nan].tobytes(), lr

@@ -76,8 +76,10 @@ def lower_adamw_optimizer(b: NodeBuilder, request: LoweringRequest) -> None:
 # -- the update of one tensor (the optimizers' Loop bodies and the unrolled train-step model) ------------
 
 def sgd_update(b: NodeBuilder, lr: str, w: str, g: str) -> str:
-    """``w - lr * g`` (``lr`` a scalar)."""
-    return b.op1("Add", [w, b.op1("Mul", [b.op1("Neg", [lr], hint="neg_lr"), g])], hint="w")
+    """``w - lr * g`` (``lr`` a scalar, or [1] against a tensor of rank 1 or more). One Sub, not an Add of
+    ``(-lr) * g``: negation is exact and ``w + -y`` is ``w - y`` in IEEE arithmetic, so the same bits with one
+    kernel (the Neg) fewer."""
+    return b.op1("Sub", [w, b.op1("Mul", [lr, g])], hint="w")
 
 
 @dataclass(frozen=True)

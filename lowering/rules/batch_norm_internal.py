@@ -153,21 +153,17 @@ class _Emitter(Emitter):
             # and (biased) variance themselves; Y is the native kernel's, in one pass pair (the staged form
             # below took ~5x longer on [32, 16, 32, 32])
             # Its outputs 1 and 2 alias inputs 3 and 4 (the kernel writes the running statistics in place), so
-            # those must be buffers of this node alone: not constants, which the pass may share between the
-            # copies of one lowering (and onnxruntime between nodes), nor one tensor for both. They are made
-            # from this node's X and scale: t = X's first element per channel * scale (finite wherever this
-            # channel's statistics are), mean input t * 0, variance input t itself (any finite value vanishes
-            # times momentum 0; t is read by nothing else); times momentum 0 they vanish.
-            rank = 3 if restore is not None else p.rank
-            first = b.op1("Slice", [x, self.ints([0] * (rank - 1), "starts"), self.ints([1] * (rank - 1), "ends"),
-                                    self.ints([0, *range(2, rank)], "not_channel_axes")])
-            t = b.op1("Mul", [b.op1("Reshape", [first, self.ints([-1], "flat")]), self.up(p.scale, p.io_type)])
-            stats_in = [b.op1("Mul", [t, self.scalar(0.0, "zero")]), t]
+            # those must be buffers of this node alone: not constants (ConstantOfShape vectors broke the recorded
+            # train steps: 1e-2 off after one step), nor one tensor for both. They are scale * 0 and scale * 0.5
+            # (finite wherever scale is; any finite value vanishes times momentum 0; two constants, so that no
+            # common-subexpression pass merges them; Mul by 1 would be removed as a no-op): two kernels, where
+            # X's first element per channel times scale took four (Slice, Reshape, Mul, Mul)
+            scale = self.up(p.scale, p.io_type)
+            stats_in = [b.op1("Mul", [scale, self.scalar(v, h)]) for v, h in ((0.0, "zero"), (0.5, "half"))]
             y = b.fresh("y") if restore is not None or p.io_type != self.ct else p.y
             # the batch statistics are [C] already: saved_mean is the kernel's output itself (same type)
             direct = p.saved_mean if p.saved_mean is not None and p.stat_type == self.ct else None
-            _, mean, variance = b.op("BatchNormalization", [x, self.up(p.scale, p.io_type),
-                                                            self.up(p.bias, p.io_type), *stats_in],
+            _, mean, variance = b.op("BatchNormalization", [x, scale, self.up(p.bias, p.io_type), *stats_in],
                                      [y, direct or b.fresh("batch_mean"), b.fresh("batch_variance")],
                                      epsilon=p.epsilon, momentum=0.0, training_mode=1)
             if restore is not None:

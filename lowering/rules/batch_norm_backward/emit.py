@@ -315,9 +315,14 @@ class _Fast:
             per_row = self.wide(e.reduce_sum(t, (rank - 1,), keepdims=0))
             return self.wide_sum(per_row, (0,) + tuple(range(2, rank - 1)))
         factors = _cut(spatial)
-        if factors != spatial:
-            t = b.op1("Reshape", [t, e.ints([0, 0] + factors)])
-        t = self.wide(e.reduce_sum(t, (1 + len(factors),), keepdims=0))
+        if len(factors) == 1:  # one row per (sample, channel): ReduceSum over the spatial axes as they are, no
+            # Reshape to [N, C, X] first (onnxruntime merges contiguous reduced axes: the same sums, one kernel
+            # fewer per sum)
+            t = self.wide(e.reduce_sum(t, tuple(range(2, rank)), keepdims=0))
+        else:
+            if factors != spatial:
+                t = b.op1("Reshape", [t, e.ints([0, 0] + factors)])
+            t = self.wide(e.reduce_sum(t, (1 + len(factors),), keepdims=0))
         if len(factors) == 1 and self.static_dim(0) is not None:  # [N, C] partials
             return self.sum_rows(t, self.static_dim(0))
         return self.wide_sum(t, (0,) + tuple(range(2, 1 + len(factors))))

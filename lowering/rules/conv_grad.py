@@ -36,6 +36,7 @@ from lowering.rules.im2col import Windows, col2im, im2col
 from opdef.rules.conv_grad import ConvParameters, ParameterError, conv_parameters
 
 WINDOWS_LIMIT = 8 << 20  # bytes of dW's windows written at once (see _kernel_gradient)
+SMALL_POSITIONS = 128  # output positions per image up to which dW's per-image products come in W's layout
 
 
 def _shape(request: LoweringRequest, name: str):
@@ -172,7 +173,7 @@ def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameter
     group, per_group, m = params.group, w_shape[1], w_shape[0]
     kernel = tuple(w_shape[2:])
     k = math.prod(kernel)
-    channels = group * per_group
+    channels, rank = group * per_group, len(w_shape)
     x = e.up(request.input("X"), io)
     images = x_shape[0] if x_shape is not None else None
     depthwise = per_group == 1 and m == group
@@ -192,28 +193,51 @@ def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameter
         if sizes and b.opset >= 13 else [x]
     dys = b.op("Split", [dy, e.ints(sizes, "image_parts")], [b.fresh("dy_part") for _ in sizes], axis=0) \
         if len(xs) > 1 else [dy]
-    sums = []
-    for i, x_part in enumerate(xs):
-        n_part = sizes[i] if len(xs) > 1 else images
-        cols = _windows(e, x_part, channels, kernel, k, params)
+    # at most SMALL_POSITIONS positions per image, dY times the windows' transpose, as the kernel multiplies (its
+    # GEMM's operands and shape; onnxruntime fuses the Transpose into a FusedMatMul): the per-image products come
+    # in W's own layout, [n, g, M/g, C/g*K], so the image sum is reshaped into dW itself (no Transpose of the sum
+    # nor the Reshape before it: cnn's 3x3 nodes 9 -> 7 kernels). The same bits as the windows times dY's transpose
+    # while onnxruntime's GEMM sums the positions in one block (<= 128 in either orientation)
+    weight_layout = depthwise or (positions is not None and positions <= SMALL_POSITIONS)
+    lead = [0, group] if group > 1 else [0]  # group 1: [n, C*K, P] and [n, M, P], as a 1-D conv gives them
+
+    def per_image(i: int) -> str:
+        cols = _windows(e, xs[i], channels, kernel, k, params)
         if depthwise:  # per image and channel, the K windows times dY's plane
             cols = b.op1("Reshape", [cols, e.ints([0, channels, k, -1], "cols")])  # [n, C, K, P]
             dy_planes = b.op1("Reshape", [dys[i], e.ints([0, channels, -1, 1], "dy_planes")])  # [n, C, P, 1]
             # a batched matrix-vector MatMul reads the windows once (Mul + ReduceSum wrote them again and read
             # them twice: 13.2 against 7.9 ms at 32x48x32^2, 3.4 against 2.7 at 32x192x8^2)
-            sums.append(_image_sum(e, b.op1("MatMul", [cols, dy_planes]), n_part, [channels * k]))  # [C*K]
-        else:
-            cols = b.op1("Reshape", [cols, e.ints([0, group, per_group * k, -1], "col_groups")])  # [n, g, C/g*K, P]
-            dy_t = b.op1("Transpose", [b.op1("Reshape", [dys[i], e.ints([0, group, m // group, -1], "dy_groups")])],
-                         perm=[0, 1, 3, 2])  # [n, g, P, M/g]
-            per_image = b.op1("MatMul", [cols, dy_t])  # [n, g, C/g*K, M/g]
-            sums.append(_image_sum(e, per_image, n_part, [group, per_group * k, m // group]))  # [g, C/g*K, M/g]
-    summed = sums[0] if len(sums) == 1 else b.op1("Sum", sums)
-    if depthwise:
-        _final(e, out, io, lambda target: b.op1("Reshape", [summed, e.ints(list(w_shape), "w_shape")], target))
+            return b.op1("MatMul", [cols, dy_planes])  # [n, C, K, 1]
+        if weight_layout:
+            cols = _view(e, cols, rank, [*lead, per_group * k, -1], "col_groups")  # [n, (g,) C/g*K, P]
+            dy_v = _view(e, dys[i], rank, [*lead, m // group, -1], "dy_groups")  # [n, (g,) M/g, P]
+            cols_t = b.op1("Transpose", [cols], perm=[*range(len(lead)), len(lead) + 1, len(lead)])
+            return b.op1("MatMul", [dy_v, cols_t])  # [n, (g,) M/g, C/g*K]
+        cols = b.op1("Reshape", [cols, e.ints([0, group, per_group * k, -1], "col_groups")])  # [n, g, C/g*K, P]
+        dy_t = b.op1("Transpose", [b.op1("Reshape", [dys[i], e.ints([0, group, m // group, -1], "dy_groups")])],
+                     perm=[0, 1, 3, 2])  # [n, g, P, M/g]
+        return b.op1("MatMul", [cols, dy_t])  # [n, g, C/g*K, M/g]
+
+    def total(target: str | None) -> str:
+        """The per-image products summed over every image: dW's shape (W's layout), else [g, C/g*K, M/g]."""
+        shape = list(w_shape) if weight_layout else [group, per_group * k, m // group]
+        sums = [_image_sum(e, per_image(i), sizes[i] if len(xs) > 1 else images, shape,
+                           target if len(xs) == 1 else None) for i in range(len(xs))]
+        return sums[0] if len(sums) == 1 else b.op1("Sum", sums, target)
+
+    if weight_layout:
+        _final(e, out, io, total)
         return
-    w_t = b.op1("Transpose", [summed], perm=[0, 2, 1])  # [g, M/g, C/g*K]
+    w_t = b.op1("Transpose", [total(None)], perm=[0, 2, 1])  # [g, M/g, C/g*K]
     _final(e, out, io, lambda target: b.op1("Reshape", [w_t, e.ints(list(w_shape), "w_shape")], target))
+
+
+def _view(e: Emitter, name: str, rank: int, shape: list[int], hint: str) -> str:
+    """``name`` (rank ``rank``, its first two axes kept) as ``shape``: no op where it has that shape already."""
+    if rank == len(shape) == 3:
+        return name
+    return e.b.op1("Reshape", [name, e.ints(shape, hint)])
 
 
 def _windows(e: Emitter, x: str, channels: int, kernel: tuple[int, ...], k: int, params: ConvParameters) -> str:
@@ -229,15 +253,16 @@ def _windows(e: Emitter, x: str, channels: int, kernel: tuple[int, ...], k: int,
                    hint="windows")
 
 
-def _image_sum(e: Emitter, per_image: str, images, shape: list[int]) -> str:
-    """``per_image`` ([N, ...]) summed over the images, as ``shape``. With N static a MatMul with a ones row
-    (onnxruntime's ReduceSum over axis 0 took 6.2 ms on [32, 576, 64] in the ResNet step, the MatMul 1.7)."""
+def _image_sum(e: Emitter, per_image: str, images, shape: list[int], output: str | None = None) -> str:
+    """``per_image`` ([N, ...]) summed over the images, as ``shape`` (written to ``output`` when given). With N
+    static a MatMul with a ones row (onnxruntime's ReduceSum over axis 0 took 6.2 ms on [32, 576, 64] in the
+    ResNet step, the MatMul 1.7)."""
     b = e.b
     if isinstance(images, int):
         flat = b.op1("Reshape", [per_image, e.ints([images, -1], "per_image_rows")])
         return b.op1("Reshape", [b.op1("MatMul", [b.const(np.ones((1, images), np.float32), hint="ones"), flat]),
-                                 e.ints(shape, "summed")])
-    return b.op1("Reshape", [e.reduce("ReduceSum", per_image, (0,), keepdims=0), e.ints(shape, "summed")])
+                                 e.ints(shape, "summed")], output)
+    return b.op1("Reshape", [e.reduce("ReduceSum", per_image, (0,), keepdims=0), e.ints(shape, "summed")], output)
 
 
 def _portable_gradients(e: Emitter, request: LoweringRequest, params: ConvParameters, dy: str, x_shape, w_shape,

@@ -94,18 +94,22 @@ class _Emit(Emitter):
     def one_minus(self, x: str) -> str:
         return self.b.op1("Sub", [self.scalar(1.0, "one"), x])
 
+    def split_node(self, x: str, sizes: list[int], axis: int, outputs: list[str] | None = None) -> list[str]:
+        """One Split of ``x`` along ``axis`` into parts of ``sizes``."""
+        outputs = outputs or [self.b.fresh("part") for _ in sizes]
+        if self.b.opset < SPLIT_INPUT_SINCE:
+            self.b.op("Split", [x], outputs, axis=axis, split=sizes)
+        else:
+            self.b.op("Split", [x, self.ints(sizes, "splits")], outputs, axis=axis)
+        return outputs
+
     def split(self, x: str, blocks: list[int], axis: int, outputs: list[str] | None = None) -> list[str]:
         """``x`` cut along ``axis``, its last, into parts of ``blocks[k]`` H-wide gate blocks each (written to
         ``outputs`` when given): one Split where H is static on the onnxruntime target, else a [.., blocks, H]
         view and a Gather (one block) or a Slice and a Reshape (several) per part."""
         outputs = outputs or [self.b.fresh("gate") for _ in blocks]
         if self.hidden:
-            sizes = [k * self.hidden for k in blocks]
-            if self.b.opset < SPLIT_INPUT_SINCE:
-                self.b.op("Split", [x], outputs, axis=axis, split=sizes)
-            else:
-                self.b.op("Split", [x, self.ints(sizes, "splits")], outputs, axis=axis)
-            return outputs
+            return self.split_node(x, [k * self.hidden for k in blocks], axis, outputs)
         view = self.b.op1("Reshape", [x, self.ints([0] * axis + [sum(blocks), -1], "gate_blocks")])
         start = 0
         for k, output in zip(blocks, outputs, strict=True):
@@ -117,6 +121,19 @@ class _Emit(Emitter):
                            output)
             start += k
         return outputs
+
+    def weight(self, w: str) -> str:
+        """A [rows, k] weight for :meth:`affine`: as it is on the onnxruntime target (its Gemm reads it transposed,
+        no Transpose kernel), transposed on the portable one."""
+        return w if self.onnxruntime else self.b.op1("Transpose", [w], perm=[1, 0], hint="w_t")
+
+    def affine(self, a: str, weight: str, c: str | None = None) -> str:
+        """``a W^T + c`` with ``weight`` from :meth:`weight`: one Gemm on the onnxruntime target (the sum of
+        MatMul and Add that onnxruntime fuses into a Gemm), MatMul and Add on the portable one."""
+        if self.onnxruntime:
+            return self.b.op1("Gemm", [a, weight] + ([c] if c else []), transB=1)
+        product = self.b.op1("MatMul", [a, weight])
+        return product if c is None else self.b.op1("Add", [c, product])
 
     def like(self, x: str, reference: str) -> str:
         """``x`` reshaped to ``reference``'s shape on the portable target: a Scan body's new state shaped like
@@ -284,7 +301,7 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
         if bias is not None:  # W_b + R_b, [8H] -> [2, 4H] -> [4H]
             pair = b.op1("Reshape", [bias, e.ints([2, -1], "bias_pair")])
             projected = b.op1("Add", [projected, e.reduce("ReduceSum", pair, (0,), keepdims=0)])
-        r_t = b.op1("Transpose", [r_d], perm=[1, 0], hint="r_t")
+        r_t = e.weight(r_d)
         start = _states(e, request, ("initial_h", "initial_c"), d, io, x, r)
         peep = _direction_input(e, request, "P", d, io)
         peepholes = None
@@ -296,7 +313,7 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
             h, c = state
             r_t = weights[0]
             peepholes = weights[1:] or None
-            z = s.b.op1("Add", [scanned[0], s.b.op1("MatMul", [h, r_t])])
+            z = s.affine(h, r_t, scanned[0])
             if peepholes is None:  # one Sigmoid over the i, o, f blocks (elementwise: the per-block bits)
                 z_iof, z_c = s.split(z, [3, 1], 1)
                 iof, g = s.b.op1("Sigmoid", [z_iof]), s.b.op1("Tanh", [z_c])
@@ -440,11 +457,18 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
 # -- GRUTraining ----------------------------------------------------------------------------------------------------
 
 def _gru_weights(e: _Emit, r_d: str) -> tuple[str, str]:
-    """(R_zr^T [H, 2H], R_h^T [H, H]) from one direction's R [3H, H]."""
+    """(R_zr [2H, H], R_h [H, H]) from one direction's R [3H, H] for :meth:`_Emit.affine` (transposed on the
+    portable target): one Split on the onnxruntime target where H is static."""
     b = e.b
+    if e.hidden:
+        r_zr, r_h = e.split_node(r_d, [2 * e.hidden, e.hidden], 0)
+        return r_zr, r_h
     blocks = b.op1("Reshape", [b.op1("Transpose", [r_d], perm=[1, 0]), e.ints([0, 3, -1], "gate_blocks_t")])
     r_zr_t = b.op1("Reshape", [e.slice(blocks, 0, 2, 1), e.ints([0, -1], "rows_view")], hint="r_zr_t")
-    return r_zr_t, e.pick(blocks, 2, 1)
+    r_h_t = e.pick(blocks, 2, 1)
+    if e.onnxruntime:  # H not static
+        return b.op1("Transpose", [r_zr_t], perm=[1, 0]), b.op1("Transpose", [r_h_t], perm=[1, 0])
+    return r_zr_t, r_h_t
 
 
 def _gru_biases(e: _Emit, b_d: str, linear_before_reset: int) -> tuple[str, str | None]:
@@ -490,7 +514,7 @@ def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
         if padded:
             rb_h = b.op1("Concat", [b.const(np.zeros(2 * e.hidden, e.np_ct), hint="zeros"), rb_h], axis=0)
         if linear_before_reset:
-            weights = [b.op1("Transpose", [r_d], perm=[1, 0], hint="r_t")] + ([rb_h] if rb_h else [])
+            weights = [e.weight(r_d)] + ([rb_h] if rb_h else [])
         else:
             weights = list(_gru_weights(e, r_d))
 
@@ -498,20 +522,17 @@ def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
             (h,) = state
             x_zr_t, x_h_t = scanned[:2]
             if linear_before_reset:
-                h_r = s.b.op1("MatMul", [h, weights[0]])
-                if padded:
-                    h_r = s.add(h_r, weights[1])
-                h_zr, h_h = s.split(h_r, [2, 1], 1)
+                h_zr, h_h = s.split(s.affine(h, weights[0], weights[1] if padded else None), [2, 1], 1)
                 if not padded and len(weights) > 1:
                     h_h = s.add(h_h, weights[1])
+                zr = s.b.op1("Sigmoid", [s.add(x_zr_t, h_zr)])  # z and r at once (elementwise: the per-gate bits)
             else:
-                h_zr = s.b.op1("MatMul", [h, weights[0]])
-            zr = s.b.op1("Sigmoid", [s.add(x_zr_t, h_zr)])  # z and r at once (elementwise: the per-gate bits)
+                zr = s.b.op1("Sigmoid", [s.affine(h, weights[0], x_zr_t)])
             z, reset = s.split(zr, [1, 1], 1)
             if linear_before_reset:
                 candidate = s.b.op1("Tanh", [s.add(x_h_t, s.mul(reset, h_h))])
             else:
-                candidate = s.b.op1("Tanh", [s.add(x_h_t, s.b.op1("MatMul", [s.mul(reset, h), weights[1]]))])
+                candidate = s.b.op1("Tanh", [s.affine(s.mul(reset, h), weights[1], x_h_t)])
             h_new = s.add(s.mul(s.one_minus(z), candidate), s.mul(z, h))
             # the requested HAll, ZRH as one packed scan output, split once after the loop
             parts = {"HAll": [h_new], "ZRH": [zr, candidate]}
@@ -557,8 +578,11 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         h_d, gates_d = e.pick(h_all, d, 1), e.pick(gates, d, 1)
         keep_prev = _step_mask(e, steps, lengths, 1) if lengths and backwards else None
         h_prev = _previous(e, h_d, initial, backwards, keep_prev)
-        r_zr_t, r_h_t = _gru_weights(e, r_d)
-        r_zr, r_h = (b.op1("Transpose", [v], perm=[1, 0]) for v in (r_zr_t, r_h_t))
+        r_zr, r_h = _gru_weights(e, r_d)
+        if e.onnxruntime:
+            r_h_t = b.op1("Transpose", [r_h], perm=[1, 0])
+        else:
+            r_zr, r_h, r_h_t = b.op1("Transpose", [r_zr], perm=[1, 0]), b.op1("Transpose", [r_h], perm=[1, 0]), r_h
         # Every factor that does not depend on the carried dh, for all steps at once before the loop; a_z and a_r
         # by one Mul per factor in the per-gate products' order: a_z = ((dh (h_prev - h~)) z)(1 - z) and
         # a_r = ((a_h q) r)(1 - r) (linear_before_reset), ((g h_prev) r)(1 - r) with g = a_h R_h (else)

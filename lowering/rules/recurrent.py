@@ -148,9 +148,10 @@ class _Emit(Emitter):
         else:
             self.b.op1("Cast", [self.b.op1(op_type, inputs, **attrs)], output, to=out_type)
 
-    def stack(self, parts: list[str], axis: int, output: str, out_type: int) -> None:
-        """One [.., 1, ..] slice per direction on ``axis``, concatenated into ``output``."""
-        parts = [self.unsqueeze(p, [axis]) for p in parts]
+    def stack(self, parts: list[str], axis: int, output: str, out_type: int, kept: bool = False) -> None:
+        """One [.., 1, ..] slice per direction on ``axis`` (``kept``: the parts have that axis already, e.g. a
+        ReduceSum's kept one), concatenated into ``output``."""
+        parts = parts if kept else [self.unsqueeze(p, [axis]) for p in parts]
         if len(parts) == 1:
             self.emit("Identity", parts, output, out_type)
         else:
@@ -196,6 +197,17 @@ def _step_mask(e: _Emit, steps: str, lengths: str, offset: int = 0) -> str:
 def _direction_input(e: _Emit, request: LoweringRequest, role: str, d: int, io: int) -> str | None:
     name = request.input(role)
     return None if name is None else e.pick(e.up(name, io), d, 0)
+
+
+def _bias_rows(e: _Emit, request: LoweringRequest, d: int, io: int, rows: int) -> str | None:
+    """Direction d of B [D, rows * H] as [rows, H] (one Reshape of B itself when there is one direction)."""
+    name = request.input("B")
+    if name is None:
+        return None
+    bias = e.up(name, io)
+    if len(_BACKWARDS[request.inference.attributes.get("direction", "forward")]) > 1:
+        bias = e.pick(bias, d, 0)
+    return e.b.op1("Reshape", [bias, e.ints([rows, -1], "bias_rows")])
 
 
 def _states(e: _Emit, request: LoweringRequest, roles: tuple[str, ...], d: int, io: int, x: str, r: str) -> list[str]:
@@ -297,9 +309,8 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
     for d, backwards in enumerate(_BACKWARDS[request.inference.attributes.get("direction", "forward")]):
         w_d, r_d = e.pick(w, d, 0), e.pick(r, d, 0)
         projected = b.op1("MatMul", [x, b.op1("Transpose", [w_d], perm=[1, 0])], hint="x_w")
-        bias = _direction_input(e, request, "B", d, io)
-        if bias is not None:  # W_b + R_b, [8H] -> [2, 4H] -> [4H]
-            pair = b.op1("Reshape", [bias, e.ints([2, -1], "bias_pair")])
+        pair = _bias_rows(e, request, d, io, 2)
+        if pair is not None:  # W_b + R_b, [2, 4H] -> [4H]
             projected = b.op1("Add", [projected, e.reduce("ReduceSum", pair, (0,), keepdims=0)])
         r_t = e.weight(r_d)
         start = _states(e, request, ("initial_h", "initial_c"), d, io, x, r)
@@ -434,10 +445,10 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
             results["dX"].append(b.op1("MatMul", [dz, w_d], hint="dx"))
         dz_t = b.op1("Transpose", [dz], perm=[0, 2, 1], hint="dz_t") if outputs["dW"] or outputs["dR"] else None
         if outputs["dW"]:
-            results["dW"].append(e.reduce("ReduceSum", b.op1("MatMul", [dz_t, x]), (0,), keepdims=0))
+            results["dW"].append(e.reduce("ReduceSum", b.op1("MatMul", [dz_t, x]), (0,)))
         if outputs["dR"]:
             h_prev = _previous(e, h_d, initial[0], backwards, keep_prev)
-            results["dR"].append(e.reduce("ReduceSum", b.op1("MatMul", [dz_t, h_prev]), (0,), keepdims=0))
+            results["dR"].append(e.reduce("ReduceSum", b.op1("MatMul", [dz_t, h_prev]), (0,)))
         if outputs["dB"]:
             db = e.reduce("ReduceSum", dz, (0, 1), keepdims=0)
             results["dB"].append(b.op1("Concat", [db, db], axis=0))
@@ -450,8 +461,8 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     if outputs["dX"]:
         e.emit("Identity", [e.add(*results["dX"])], outputs["dX"], io)
     for role in ("dW", "dR", "dB", "dH0", "dC0", "dP"):
-        if outputs[role]:
-            e.stack(results[role], 0, outputs[role], io)
+        if outputs[role]:  # dW, dR: [1, ..] per direction (the ReduceSum's kept axis)
+            e.stack(results[role], 0, outputs[role], io, kept=role in ("dW", "dR"))
 
 
 # -- GRUTraining ----------------------------------------------------------------------------------------------------
@@ -471,10 +482,10 @@ def _gru_weights(e: _Emit, r_d: str) -> tuple[str, str]:
     return r_zr_t, r_h_t
 
 
-def _gru_biases(e: _Emit, b_d: str, linear_before_reset: int) -> tuple[str, str | None]:
-    """(the bias added to X W^T [3H], R_bh [H] where the reset gate multiplies it, else None)."""
+def _gru_biases(e: _Emit, rows: str, linear_before_reset: int) -> tuple[str, str | None]:
+    """(the bias added to X W^T [3H], R_bh [H] where the reset gate multiplies it, else None) from one direction's
+    B as rows [6, H]: Wb_z, Wb_r, Wb_h, Rb_z, Rb_r, Rb_h."""
     b = e.b
-    rows = b.op1("Reshape", [b_d, e.ints([6, -1], "bias_rows")])  # Wb_z, Wb_r, Wb_h, Rb_z, Rb_r, Rb_h
     if not linear_before_reset:
         summed = b.op1("Add", [e.slice(rows, 0, 3, 0), e.slice(rows, 3, 6, 0)])
         return b.op1("Reshape", [summed, e.ints([-1], "flat")]), None
@@ -502,7 +513,7 @@ def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
     for d, backwards in enumerate(_BACKWARDS[attributes.get("direction", "forward")]):
         w_d, r_d = e.pick(w, d, 0), e.pick(r, d, 0)
         projected = b.op1("MatMul", [x, b.op1("Transpose", [w_d], perm=[1, 0])], hint="x_w")
-        bias = _direction_input(e, request, "B", d, io)
+        bias = _bias_rows(e, request, d, io, 6)
         rb_h = None
         if bias is not None:
             x_bias, rb_h = _gru_biases(e, bias, linear_before_reset)
@@ -590,7 +601,7 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         z, reset = e.split(zr, [1, 1], 2)
         if linear_before_reset:  # q = h_prev R_h^T + Rb_h
             q = b.op1("MatMul", [h_prev, r_h_t], hint="q")
-            bias = _direction_input(e, request, "B", d, io)
+            bias = _bias_rows(e, request, d, io, 6)
             if bias is not None:
                 q = b.op1("Add", [q, _gru_biases(e, bias, 1)[1]])
         first = b.op1("Concat", [b.op1("Sub", [h_prev, candidate]), q if linear_before_reset else h_prev], axis=2)
@@ -637,7 +648,7 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
             results["dX"].append(b.op1("MatMul", [da, w_d], hint="dx"))
         if outputs["dW"]:
             da_t = b.op1("Transpose", [da], perm=[0, 2, 1], hint="da_t")
-            results["dW"].append(e.reduce("ReduceSum", b.op1("MatMul", [da_t, x]), (0,), keepdims=0))
+            results["dW"].append(e.reduce("ReduceSum", b.op1("MatMul", [da_t, x]), (0,)))
         if outputs["dR"] or outputs["dB"]:
             if linear_before_reset:  # the h rows see a_h r against h_prev
                 da_h = b.op1("Mul", [da_h, reset])
@@ -647,12 +658,12 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         if outputs["dR"]:
             zr_rows = b.op1("MatMul", [b.op1("Transpose", [da_zr], perm=[0, 2, 1]), h_prev])
             h_rows = b.op1("MatMul", [b.op1("Transpose", [da_h], perm=[0, 2, 1]), h_rows_of])
-            results["dR"].append(e.reduce("ReduceSum", b.op1("Concat", [zr_rows, h_rows], axis=1), (0,), keepdims=0))
+            results["dR"].append(e.reduce("ReduceSum", b.op1("Concat", [zr_rows, h_rows], axis=1), (0,)))
         if outputs["dB"]:
             results["dB"].append(b.op1("Concat", [e.reduce("ReduceSum", v, (0, 1), keepdims=0)
                                                   for v in (da, da_zr, da_h)], axis=0))
     if outputs["dX"]:
         e.emit("Identity", [e.add(*results["dX"])], outputs["dX"], io)
     for role in ("dW", "dR", "dB", "dH0"):
-        if outputs[role]:
-            e.stack(results[role], 0, outputs[role], io)
+        if outputs[role]:  # dW, dR: [1, ..] per direction (the ReduceSum's kept axis)
+            e.stack(results[role], 0, outputs[role], io, kept=role in ("dW", "dR"))

@@ -74,6 +74,36 @@ def test_stacked_step_scalars_give_the_kernels_bits(mode, correct_bias):
             assert lr_corrected == (lr * (np.sqrt(c2) / c1) if correct_bias else lr), t
 
 
+@pytest.mark.parametrize("mode, weight_decay", [(0, 0.01), (1, 0.01), (1, 0.0)])
+def test_update_with_stacked_scalars_gives_the_scalar_forms_bits(mode, weight_decay):
+    """The whole update of a flat buffer, from [1]-shaped stacked scalars and from rank-0 unstacked ones."""
+    settings = AdamW(float(np.float32(0.9)), float(np.float32(0.999)), float(np.float32(1e-8)),
+                     float(np.float32(weight_decay)), mode, 1)
+    n = 1000
+    graph = helper.make_graph([], "update", [helper.make_tensor_value_info("learning_rate", F32, [1]),
+                                             helper.make_tensor_value_info("step", I64, [1]),
+                                             *(helper.make_tensor_value_info(x, F32, [n]) for x in "wgab")], [])
+    b = NodeBuilder(17, "u", lambda name: False, into=graph.node)
+    scalar = b.const(np.array([], np.int64), hint="scalar_shape")
+    for form, stacked in (("stacked", True), ("scalar", False)):
+        lr, step = "learning_rate", "step"
+        if not stacked:
+            lr, step = b.op1("Reshape", [lr, scalar]), b.op1("Reshape", [step, scalar])
+        scalars = settings.step_scalars(b, lr, step, stacked=stacked)
+        for value, name in zip(settings.update(b, scalars, "w", "g", "a", "b"), "wab", strict=True):
+            b.op1("Identity", [value], f"{form}.{name}")
+            graph.output.append(helper.make_tensor_value_info(f"{form}.{name}", F32, [n]))
+    session = _session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    rng = np.random.default_rng(mode)
+    for t in (1, 2, 3, 10, 1000):
+        feeds = {"learning_rate": np.array([0.01], np.float32), "step": np.array([t], np.int64),
+                 "w": rng.standard_normal(n).astype(np.float32), "g": rng.standard_normal(n).astype(np.float32),
+                 "a": rng.standard_normal(n).astype(np.float32) * 0.1, "b": rng.random(n).astype(np.float32) * 0.01}
+        out = session.run(None, feeds)
+        for stacked_value, scalar_value in zip(out[:3], out[3:], strict=True):
+            assert stacked_value.tobytes() == scalar_value.tobytes(), t
+
+
 def test_train_step_reads_learning_rate_and_step_as_fed():
     """Every trainable parameter of rank 1 or more: no Reshape of learning_rate or step, one Pow, no Cast of step."""
     step = ts.train_step(ARTIFACTS / "cnn", flat_state=True)

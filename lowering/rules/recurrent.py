@@ -71,6 +71,11 @@ class _Emit(Emitter):
             return self.b.op1("Unsqueeze", [x], output, axes=axes)
         return self.b.op1("Unsqueeze", [x, self.ints(axes, "axes")], output)
 
+    def squeeze(self, x: str, axes: list[int], output: str | None = None) -> str:
+        if self.b.opset < AXES_INPUT_SINCE:
+            return self.b.op1("Squeeze", [x], output, axes=axes)
+        return self.b.op1("Squeeze", [x, self.ints(axes, "axes")], output)
+
     def pick(self, x: str, index: int, axis: int) -> str:
         """``x`` at ``index`` along ``axis``, that axis dropped."""
         return self.b.op1("Gather", [x, self.b.const(np.array(index, np.int64), hint="index")], axis=axis)
@@ -170,33 +175,43 @@ class _Emit(Emitter):
         self.split(whole, blocks, 3, outputs)
 
 
-def _state_zeros(e: _Emit, x: str, r: str) -> str:
-    """Zeros of shape [N, H]: N from X [S, N, I], H from R [D, 4H, H]."""
+def _state_zeros(e: _Emit, x: str, r: str, kept: bool = False) -> str:
+    """Zeros of shape [N, H] ([1, N, H] ``kept``): N from X [S, N, I], H from R [D, 4H, H]."""
     b = e.b
-    shape = b.op1("Concat", [e.slice(b.op1("Shape", [x]), 1, 2, 0), e.slice(b.op1("Shape", [r]), 2, 3, 0)], axis=0)
+    dims = [e.slice(b.op1("Shape", [x]), 1, 2, 0), e.slice(b.op1("Shape", [r]), 2, 3, 0)]
+    shape = b.op1("Concat", ([e.ints([1], "one_dim")] if kept else []) + dims, axis=0)
     return b.op1("Expand", [e.scalar(0.0, "zero"), shape], hint="zero_state")
 
 
-def _steps(e: _Emit, x: str) -> str:
-    """The step indices [S, 1, 1] as int32 (the type of sequence_lengths)."""
+def _steps(e: _Emit, x: str, kept: bool = False) -> str:
+    """The step indices [S, 1, 1] ([S, 1, 1, 1] ``kept``) as int32 (the type of sequence_lengths)."""
     b = e.b
     count = b.op1("Cast", [e.pick(b.op1("Shape", [x]), 0, 0)], to=TensorProto.INT32)
     steps = b.op1("Range", [b.const(np.array(0, np.int32), hint="zero_i32"), count,
                             b.const(np.array(1, np.int32), hint="one_i32")])
-    return b.op1("Reshape", [steps, e.ints([-1, 1, 1], "step_view")])
+    return b.op1("Reshape", [steps, e.ints([-1, 1, 1, 1] if kept else [-1, 1, 1], "step_view")])
 
 
-def _step_mask(e: _Emit, steps: str, lengths: str, offset: int = 0) -> str:
-    """Bool [S, N, 1]: ``t + offset < sequence_lengths[n]``."""
+def _step_mask(e: _Emit, steps: str, lengths: str, offset: int = 0, kept: bool = False) -> str:
+    """Bool [S, N, 1] ([S, 1, N, 1] ``kept``): ``t + offset < sequence_lengths[n]``."""
     b = e.b
     if offset:
         steps = b.op1("Add", [steps, b.const(np.array(offset, np.int32), hint="offset")])
-    return b.op1("Less", [steps, b.op1("Reshape", [lengths, e.ints([1, -1, 1], "length_view")])])
+    view = e.ints([1, 1, -1, 1] if kept else [1, -1, 1], "length_view")
+    return b.op1("Less", [steps, b.op1("Reshape", [lengths, view])])
 
 
-def _direction_input(e: _Emit, request: LoweringRequest, role: str, d: int, io: int) -> str | None:
+def _direction(e: _Emit, x: str, d: int, axis: int, count: int) -> str:
+    """Direction d of ``x`` with its direction ``axis`` kept ([.., 1, ..]): ``x`` itself when there is one."""
+    return x if count == 1 else e.slice(x, d, d + 1, axis)
+
+
+def _direction_input(e: _Emit, request: LoweringRequest, role: str, d: int, io: int, count: int = 0) -> str | None:
+    """Direction d of the optional [D, ..] input ``role``: that axis dropped, or kept when given the ``count`` D."""
     name = request.input(role)
-    return None if name is None else e.pick(e.up(name, io), d, 0)
+    if name is None:
+        return None
+    return _direction(e, e.up(name, io), d, 0, count) if count else e.pick(e.up(name, io), d, 0)
 
 
 def _bias_rows(e: _Emit, request: LoweringRequest, d: int, io: int, rows: int) -> str | None:
@@ -210,13 +225,15 @@ def _bias_rows(e: _Emit, request: LoweringRequest, d: int, io: int, rows: int) -
     return e.b.op1("Reshape", [bias, e.ints([rows, -1], "bias_rows")])
 
 
-def _states(e: _Emit, request: LoweringRequest, roles: tuple[str, ...], d: int, io: int, x: str, r: str) -> list[str]:
-    """Direction d of each optional [D, N, H] input in ``roles``; a missing one is the rule's one zeros [N, H]."""
+def _states(e: _Emit, request: LoweringRequest, roles: tuple[str, ...], d: int, io: int, x: str, r: str,
+            count: int = 0) -> list[str]:
+    """Direction d of each optional [D, N, H] input in ``roles`` ([1, N, H] given the ``count`` D); a missing one
+    is the rule's one zeros of that shape."""
     values = []
     for role in roles:
-        value = _direction_input(e, request, role, d, io)
+        value = _direction_input(e, request, role, d, io, count)
         if value is None:
-            e.state_zeros = e.state_zeros or _state_zeros(e, x, r)
+            e.state_zeros = e.state_zeros or _state_zeros(e, x, r, bool(count))
             value = e.state_zeros
         values.append(value)
     return values
@@ -393,26 +410,32 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     d_h_all = request.input("dHAll")
     d_h_all = None if d_h_all is None else e.up(d_h_all, io)
     lengths = request.input("sequence_lengths")
-    steps = _steps(e, x) if lengths else None
-    mask = _step_mask(e, steps, lengths) if lengths else None
+    # the direction axis kept throughout ([S, 1, N, ..], states [1, N, H]): with one direction the inputs and the
+    # outputs but dX are the tensors themselves, no Gather or Unsqueeze each
+    directions = _BACKWARDS[request.inference.attributes.get("direction", "forward")]
+    count = len(directions)
+    steps = _steps(e, x, kept=True) if lengths else None
+    mask = _step_mask(e, steps, lengths, kept=True) if lengths else None
+    x_kept = e.unsqueeze(x, [1]) if outputs["dW"] else None
     results: dict[str, list[str]] = {r: [] for r in roles}
-    for d, backwards in enumerate(_BACKWARDS[request.inference.attributes.get("direction", "forward")]):
-        w_d, r_d = e.pick(w, d, 0), e.pick(r, d, 0)
-        dh_final, h0, dc_final, c0 = _states(e, request, ("dHFinal", "initial_h", "dCFinal", "initial_c"), d, io, x, r)
+    for d, backwards in enumerate(directions):
+        w_d, r_d = e.pick(w, d, 0), _direction(e, r, d, 0, count)
+        dh_final, h0, dc_final, c0 = _states(e, request, ("dHFinal", "initial_h", "dCFinal", "initial_c"), d, io, x, r,
+                                             count)
         start, initial = [dh_final, dc_final], [h0, c0]
-        h_d, c_d, gates_d = (e.pick(v, d, 1) for v in (h_all, c_all, gates))
-        keep_prev = _step_mask(e, steps, lengths, 1) if lengths and backwards else None
+        h_d, c_d, gates_d = (_direction(e, v, d, 1, count) for v in (h_all, c_all, gates))
+        keep_prev = _step_mask(e, steps, lengths, 1, kept=True) if lengths and backwards else None
         c_prev = _previous(e, c_d, initial[1], backwards, keep_prev)
         # Every factor that does not depend on the carried dh, dc, for all steps at once before the loop, stacked
         # so that one Mul per factor makes all four gates' dz in the per-gate products' order:
         # dz_i = ((dc g) i)(1 - i), dz_o = ((dh tanh c) o)(1 - o), dz_f = ((dc c_prev) f)(1 - f),
         # dz_c = ((dc 1) i)(1 - g^2) = (dc i)(1 - g^2) (times 1: exact); the same bits as the products per step.
-        i, o, f, g = e.split(gates_d, [1, 1, 1, 1], 2)
+        i, o, f, g = e.split(gates_d, [1, 1, 1, 1], 3)
         tanh_c = b.op1("Tanh", [c_d])
         ones = b.op1("Expand", [e.scalar(1.0, "one"), b.op1("Shape", [c_d])])
-        first = b.op1("Concat", [g, tanh_c, c_prev, ones], axis=2)
-        second = b.op1("Concat", [i, o, f, i], axis=2)
-        third = e.one_minus(b.op1("Concat", [i, o, f, e.mul(g, g)], axis=2))
+        first = b.op1("Concat", [g, tanh_c, c_prev, ones], axis=3)
+        second = b.op1("Concat", [i, o, f, i], axis=3)
+        third = e.one_minus(b.op1("Concat", [i, o, f, e.mul(g, g)], axis=3))
         through_c = e.one_minus(e.mul(tanh_c, tanh_c))  # dc += (dh o)(1 - tanh^2 c)
 
         def step(s: _Emit, state: list[str], scanned: list[str], weights: list[str]):
@@ -425,7 +448,7 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
                 keep, zero = scanned[-1], s.scalar(0.0, "zero")
                 dh_s, dc_s = s.b.op1("Where", [keep, dh_t, zero]), s.b.op1("Where", [keep, dc, zero])
             dc_t = s.add(dc_s, s.mul(dh_s, o_t, through_c_t))
-            dz = s.mul(s.b.op1("Concat", [dc_t, dh_s, dc_t, dc_t], axis=1), first_t, second_t, third_t)
+            dz = s.mul(s.b.op1("Concat", [dc_t, dh_s, dc_t, dc_t], axis=2), first_t, second_t, third_t)
             dh_new = s.like(s.b.op1("MatMul", [dz, r_d]), dh)
             dc_new = s.mul(dc_t, f_t)
             if mask is not None:
@@ -434,7 +457,7 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
 
         scans = [first, second, third, o, through_c, f]
         if d_h_all is not None:
-            scans.append(e.pick(d_h_all, d, 1))
+            scans.append(_direction(e, d_h_all, d, 1, count))
         if mask is not None:
             scans.append(f"mask:{mask}")
         # backpropagation runs opposite to the forward; onnxruntime reads R by name (no Identity per step)
@@ -443,26 +466,26 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         results["dC0"].append(finals[1])
         if outputs["dX"]:
             results["dX"].append(b.op1("MatMul", [dz, w_d], hint="dx"))
-        dz_t = b.op1("Transpose", [dz], perm=[0, 2, 1], hint="dz_t") if outputs["dW"] or outputs["dR"] else None
+        dz_t = b.op1("Transpose", [dz], perm=[0, 1, 3, 2], hint="dz_t") if outputs["dW"] or outputs["dR"] else None
         if outputs["dW"]:
-            results["dW"].append(e.reduce("ReduceSum", b.op1("MatMul", [dz_t, x]), (0,)))
+            results["dW"].append(e.reduce("ReduceSum", b.op1("MatMul", [dz_t, x_kept]), (0,), keepdims=0))
         if outputs["dR"]:
             h_prev = _previous(e, h_d, initial[0], backwards, keep_prev)
-            results["dR"].append(e.reduce("ReduceSum", b.op1("MatMul", [dz_t, h_prev]), (0,)))
+            results["dR"].append(e.reduce("ReduceSum", b.op1("MatMul", [dz_t, h_prev]), (0,), keepdims=0))
         if outputs["dB"]:
-            db = e.reduce("ReduceSum", dz, (0, 1), keepdims=0)
+            db = e.reduce("ReduceSum", dz, (0, 1, 2), keepdims=0)
             results["dB"].append(b.op1("Concat", [db, db], axis=0))
         if outputs["dP"]:
-            blocks = b.op1("Reshape", [dz, e.ints([0, 0, 4, -1], "gate_blocks_all")])
-            dz_i, dz_o, dz_f = (e.pick(blocks, k, 2) for k in range(3))
-            parts = [e.reduce("ReduceSum", e.mul(g, c), (0, 1), keepdims=0)
+            blocks = b.op1("Reshape", [dz, e.ints([0, 0, 0, 4, -1], "gate_blocks_all")])
+            dz_i, dz_o, dz_f = (e.pick(blocks, k, 3) for k in range(3))
+            parts = [e.reduce("ReduceSum", e.mul(g, c), (0, 1, 2), keepdims=0)
                      for g, c in ((dz_i, c_prev), (dz_o, c_d), (dz_f, c_prev))]
             results["dP"].append(b.op1("Concat", parts, axis=0))
-    if outputs["dX"]:
-        e.emit("Identity", [e.add(*results["dX"])], outputs["dX"], io)
+    if outputs["dX"]:  # [S, 1, N, I] per direction
+        e.emit("Identity", [e.squeeze(e.add(*results["dX"]), [1])], outputs["dX"], io)
     for role in ("dW", "dR", "dB", "dH0", "dC0", "dP"):
-        if outputs[role]:  # dW, dR: [1, ..] per direction (the ReduceSum's kept axis)
-            e.stack(results[role], 0, outputs[role], io, kept=role in ("dW", "dR"))
+        if outputs[role]:  # dB, dP summed to [4H], [3H]; the others [1, ..] per direction
+            e.stack(results[role], 0, outputs[role], io, kept=role not in ("dB", "dP"))
 
 
 # -- GRUTraining ----------------------------------------------------------------------------------------------------

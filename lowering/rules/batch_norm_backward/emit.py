@@ -443,6 +443,9 @@ class _Fast:
             eps = b.const(np.array(p.epsilon, dtype=np.float64), hint="eps")
             inv = b.op1("Reciprocal", [b.op1("Sqrt", [b.op1("Add", [stat, eps])])])
         a = inv if gamma is None else b.op1("Mul", [gamma, inv])
+        if wants_dx and not frozen and self.stacked_channels() is not None:
+            self.emit_stacked(dy, inv, a)
+            return
 
         rows = self.ones_row() if (need_s1 or need_s2) else None
         s1 = s2 = xc = x = mean = dgamma = None
@@ -520,6 +523,59 @@ class _Fast:
         else:
             v = b.op1("Mul", [xc, bcast(coef_b)])
             self.final(restore, low, "Add", [(b.op1("Add", [ady, v]), True), (coef_c, False)])
+
+    def stacked_channels(self) -> int | None:
+        """C where diff_src and both sums of batch statistics take the stacked small form (emit_stacked): where
+        small_channels applies (its BatchNormalizations take [C] vectors as they are, a sum is one ReduceSum
+        and one ones MatMul) and the parameter gradients have the computation type (they come out of the one
+        Split of the stacked vectors)."""
+        channels = self.small_channels()
+        return channels if channels is not None and self.p.stat_type == self.e.ct else None
+
+    def emit_stacked(self, dy: str, inv: str, a: str) -> None:
+        """diff_src (batch statistics) and the parameter gradients of a small NCX tensor with the per-channel
+        vectors stacked, for fewer kernels (each costs ~0.5-1.5 us before it does any work at these sizes):
+        the same operations on the same values as the unstacked form, so the same bits.
+
+        dy and dy*xc are concatenated along the channels, one ReduceSum over the spatial axes (no view: the
+        same row sums) and one ones MatMul over the batch give [S1 | S2] in f64; every per-channel vector
+        then is one element-wise product X * Y of stacked vectors: X = [S1 | S2 | S1 | S2 | a] * [1 | inv |
+        1 | 1 | 1] (diff_gamma = inv*S2 rounded first, as before), Y = [1 | 1 | ka | ka*inv | 1] with
+        ka = -a/M, giving [diff_beta | diff_gamma | c | b | a], rounded to f32 by one Cast and cut by one
+        Split (1-D, so the pieces are [C]). 21 kernels per node instead of 26 (cnn 52 -> 42 per step).
+        The row sums are the same bits where C * spatial is a multiple of 16 (the rows keep their SIMD
+        alignment in the concatenation); else each row sum may round differently, as accurate."""
+        b, e, p = self.b, self.e, self.p
+        channels, vt = self.stacked_channels(), self.vt
+        shape = self.static_shape()
+        x = e.cast(p.src, p.io_type, e.ct)
+        mean = e.cast(p.mean, p.stat_type, e.ct)
+        ones, zeros = self.per_channel(1.0, channels), self.per_channel(0.0, channels)
+        xc = b.op1("BatchNormalization", [x, ones, zeros, mean, ones], epsilon=0.0)
+        both = b.op1("Concat", [dy, b.op1("Mul", [dy, xc])], axis=1)
+        sums = self.sum_rows(self.wide(e.reduce_sum(both, tuple(range(2, p.rank)), keepdims=0)), shape[0])
+
+        def wide_ones(count: int) -> str:
+            return b.op1("ConstantOfShape", [e.ints([count], "channels")], hint="ones",
+                         value=numpy_helper.from_array(np.ones(1, np.float64), "value"))
+
+        one = wide_ones(channels)
+        d = b.op1("Mul", [sums, b.op1("Concat", [one, inv], axis=0)])  # [diff_beta | diff_gamma]
+        neg_inv_m = b.const(np.array(-1.0 / max(math.prod(shape) // channels, 1), np.float64), hint="neg_inv_m")
+        ka = b.op1("Mul", [a, neg_inv_m])
+        stack_x = b.op1("Concat", [d, d, a], axis=0)
+        stack_y = b.op1("Concat", [wide_ones(2 * channels), ka, b.op1("Mul", [ka, inv]), one], axis=0)
+        stacked = e.cast(b.op1("Mul", [stack_x, stack_y]), vt, e.ct)
+        names = [p.diff_beta or b.fresh("diff_beta"), p.diff_gamma or b.fresh("diff_gamma"), b.fresh("coef_c"),
+                 b.fresh("coef_b"), b.fresh("a")]
+        if b.opset >= 13:
+            b.op("Split", [stacked, e.ints([channels] * 5, "split")], names, axis=0)
+        else:
+            b.op("Split", [stacked], names, axis=0, split=[channels] * 5)
+        _, _, coef_c, coef_b, a_ct = names
+        ady = b.op1("BatchNormalization", [dy, a_ct, zeros, zeros, ones], epsilon=0.0)
+        v = b.op1("BatchNormalization", [xc, coef_b, coef_c, zeros, ones], epsilon=0.0)
+        self.final(None, p.io_type != e.ct, "Add", [(ady, True), (v, True)])
 
     def per_channel(self, value: float, channels: int) -> str:
         """A [C] vector of ``value`` in the computation type: a ConstantOfShape of the constant [C], which

@@ -78,8 +78,9 @@ def lower_softmax_cross_entropy_loss_grad(b: NodeBuilder, request: LoweringReque
     static_classes = shape.shape[1] if shape is not None and shape.shape is not None and len(shape.shape) > 1 \
         else None
     dy = e.up(request.input("dY"), io)
-    if reduction != "none":
-        dy = b.op1("Reshape", [dy, e.ints([], "scalar_shape")])
+    dy_type = request.inference.input_types[request.inference.schema.input_index("dY")]
+    if reduction != "none" and (dy_type is None or dy_type.shape is None or len(dy_type.shape) != 0):
+        dy = b.op1("Reshape", [dy, e.ints([], "scalar_shape")])  # a [1] dY as the scalar it stands for
     static = isinstance(static_classes, int) and all(isinstance(d, int) for d in shape.shape)
     if (static and request.input("weight") is None and 0 < int(np.prod(shape.shape)) <= ONEHOT_WEIGHTS_LIMIT
             and (ignore_index is None or not 0 <= ignore_index < static_classes)):

@@ -18,8 +18,12 @@ done on the whole sequence outside it, as batched MatMuls, elementwise ops and R
 - GRU: the same shape; the backward Scan emits [a_z, a_r] and a_h and, for ``linear_before_reset`` 1, reads the
   reset gate's operand ``h_prev R_h^T + R_bh``, computed for all steps before it.
 
-Kernels per step of the committed lstm artifact (S = 5): LSTMTraining 92 + 20 of its Gathers' Squeezes -> 71,
-LSTMGrad 174 + 20 -> 78 (the bodies 19 -> 12 and 34 -> 10 kernels per step). Sigmoid and Tanh over the stacked
+LSTMGrad keeps the direction axis throughout ([S, 1, N, ..] scan inputs, [1, N, H] states): with one direction
+its inputs and outputs (but dX) are the tensors themselves, no Gather or Unsqueeze each. GRUGrad does not: its
+body's MatMul + Add pairs, which onnxruntime fuses into Gemms when 2-D, would stay two kernels each per step.
+
+Kernels per step of the committed lstm artifact (S = 5): LSTMTraining 92 + 20 of its Gathers' Squeezes -> 69,
+LSTMGrad 174 + 20 -> 72 (the bodies 19 -> 12 and 34 -> 10 kernels per step). Sigmoid and Tanh over the stacked
 blocks (and Tanh c before the loop) give the per-block bits in f32 (MLAS); in f64 (Eigen) an element may land 1 ulp
 apart.
 

@@ -26,6 +26,8 @@ from pathlib import Path
 import _artifact
 
 HERE = Path(__file__).resolve().parent
+WARMUP_STEPS = 10  # native_step.py's WARMUP
+WARMUP_SECONDS = 0.5
 
 
 def lowered_side(directory: Path, threads: int | None, clock: str = "wall"):
@@ -35,7 +37,18 @@ def lowered_side(directory: Path, threads: int | None, clock: str = "wall"):
     for _ in range(9):
         trainer.step(batch)
     timer = time.perf_counter if clock == "wall" else time.process_time
-    return (lambda steps: artifact.median_step_ms(trainer, steps, timer)), first_loss
+
+    def timed(steps: int) -> float:
+        # warm-up before each timing, as the native side has its process's start and WARMUP steps: after the
+        # other side has run, a tiny model's steps ran up to 2x slower for a while (mlp_act: a median of
+        # 0.10 against 0.05 ms over 200 steps), which the median of a few hundred 50-us steps does not outvote
+        begin, count = time.perf_counter(), 0
+        while count < WARMUP_STEPS or time.perf_counter() - begin < WARMUP_SECONDS:
+            trainer.step(batch)
+            count += 1
+        return artifact.median_step_ms(trainer, steps, timer)
+
+    return timed, first_loss
 
 
 def native_side(python: str, directory: Path, steps: int, threads: int, clock: str = "wall") -> float:

@@ -42,7 +42,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from lowering.builder import NodeBuilder
 from lowering.emit_common import Emitter, compute_type, guarded_index, index_in_range
@@ -127,7 +127,9 @@ def lower_max_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         low, high = e.ints(-1, "spare_below"), e.ints(static_size, "spare_above")
         clamped = b.op1("Clip", [indices, low, high]) if static_size <= SMALL_CLAMP else \
             b.op1("Min", [b.op1("Max", [indices, low]), high])
-        spare = b.const(np.zeros(static_size + 1, e.np_ct), hint="zeros_and_spare")
+        # zeros by ConstantOfShape, not an initializer: the model file stays small at any size (onnxruntime folds it)
+        spare = b.op1("ConstantOfShape", [e.ints([static_size + 1], "zeros_and_spare")],
+                      value=helper.make_tensor("zero", e.ct, [1], [0]))
         data = b.op1("ScatterElements", [spare, b.op1("Reshape", [clamped, flat]), b.op1("Reshape", [dy, flat])],
                      axis=0, reduction="add")
         data = b.op1("Slice", [data, e.ints([0], "starts"), e.ints([static_size], "size"), e.ints([0], "axes")])

@@ -23,6 +23,7 @@ F32, I32, I64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
 
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+    model.ir_version = 8  # onnx's helpers write the newest IR; onnxruntime 1.23 (Python 3.10) reads up to 11
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 

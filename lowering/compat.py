@@ -51,7 +51,7 @@ def _runtime_accepts(ir_version: int) -> bool:
 
 # -- forms onnxruntime < 1.24 runs wrongly ------------------------------------------------------------------------
 # onnxruntime 1.23 is the last release for Python 3.10. Three forward forms it gets wrong (1.24 and later are
-# right) are rewritten, when it is the installed runtime, into equivalent standard forms it runs correctly:
+# right) are rewritten, when it is the installed runtime, into standard forms it runs as ONNX defines them:
 #   - a Transpose whose perm is the identity: its GemmTransposeFusion folds it into a Gemm as if it swapped the
 #     two axes (a gradient Gemm then multiplies the wrong way round: "GEMM: Dimension mismatch");
 #   - a Reduce* with noop_with_empty_axes=1 and no axes input: its kernel fails ("Reduction on all axes, output
@@ -85,8 +85,9 @@ def needs_old_runtime_forms() -> bool:
 
 def old_runtime_forms(model: onnx.ModelProto) -> bool:
     """Rewrite, in place, the forms listed above into ones onnxruntime < 1.24 runs as ONNX defines them (main
-    graph, subgraphs and local functions); returns whether anything changed. The result means the same on every
-    runtime; the caller decides when to apply it (``needs_old_runtime_forms``)."""
+    graph, subgraphs and local functions); returns whether anything changed. The Transpose and Reduce* rewrites
+    mean the same on every runtime; the AveragePool correction is right for onnxruntime 1.23 alone, so the caller
+    applies this only for it (``needs_old_runtime_forms``), as ``lower_model`` does."""
     from lowering import graphs
 
     versions = graphs.opset_versions(model.opset_import)

@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
 import onnx
 from onnx import helper
 
+ROOT = Path(__file__).resolve().parent.parent
+
 ACCUMULATOR = ("com.microsoft", "InPlaceAccumulatorV2")
 BUFFER = "_grad.accumulation.buffer"
+
+
+def make_oplower_artifacts_driver() -> ModuleType:
+    """``tools/make_oplower_artifacts.py`` as a module (tools/ is no package): its architectures and the
+    generator call every fixture of oplower-made artifacts was recorded with."""
+    path = ROOT / "tools" / "make_oplower_artifacts.py"
+    spec = importlib.util.spec_from_file_location("make_oplower_artifacts", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def gradients_exposed(training: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:

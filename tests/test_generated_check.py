@@ -5,12 +5,11 @@ every custom node of every committed architecture, the same one-line error for a
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from _artifacts import make_oplower_artifacts_driver
 from onnx import TensorProto, helper, numpy_helper
 
 from lowering.training import artifacts as artifacts_module
@@ -23,20 +22,11 @@ from opdef.model_verify import verify_model
 from opdef.node import TensorType
 from opdef.verify import value_types_of_graph
 
-ROOT = Path(__file__).resolve().parent.parent
 F32 = TensorProto.FLOAT
 MS = "com.microsoft"
 
 
-def _driver():
-    path = ROOT / "tools" / "make_oplower_artifacts.py"
-    spec = importlib.util.spec_from_file_location("make_oplower_artifacts", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-DRIVER = _driver()
+DRIVER = make_oplower_artifacts_driver()
 
 
 def _plain(t: TensorType | None) -> TensorType | None:
@@ -166,9 +156,10 @@ def test_an_undeclared_input_is_typed_by_the_standard_nodes_that_compute_it(monk
     assert verify_generated(training) is not None
 
 
-def test_identical_nodes_are_verified_once_and_a_different_one_still_is(monkeypatch):
-    """The memo: the second ReluGrad of the same types is not verified again; a damaged one differs and fails."""
-    calls = []
+@pytest.fixture
+def verified(monkeypatch) -> list[str]:
+    """The op type of every node generated_check verifies (infer_node's calls), in order."""
+    calls: list[str] = []
     real = generated_check.infer_node
 
     def counting(node, types, registry=None):
@@ -176,6 +167,12 @@ def test_identical_nodes_are_verified_once_and_a_different_one_still_is(monkeypa
         return real(node, types, registry)
 
     monkeypatch.setattr(generated_check, "infer_node", counting)
+    return calls
+
+
+def test_identical_nodes_are_verified_once_and_a_different_one_still_is(verified):
+    """The memo: the second ReluGrad of the same types is not verified again; a damaged one differs and fails."""
+    calls = verified
     model = _cnn()
     training = build_artifacts(model, requires_grad=["w", "b", "w2", "fc", "fcb"], loss=LossType.CrossEntropyLoss,
                                verify=False).training
@@ -198,21 +195,14 @@ def test_identical_nodes_are_verified_once_and_a_different_one_still_is(monkeypa
     assert calls == ["ReluGrad", "ReluGrad"]
 
 
-def test_the_process_memo_is_per_registry(monkeypatch, tmp_path):
+def test_the_process_memo_is_per_registry(verified, tmp_path):
     """By default the verified signatures are kept for the process, one memo per registry: a second registry (other
     specs) verifies everything again."""
     import shutil
 
     from opdef.registry import build_registry, default_spec_dir, load_schemas
 
-    calls = []
-    real = generated_check.infer_node
-
-    def counting(node, types, registry=None):
-        calls.append(node.op_type)
-        return real(node, types, registry)
-
-    monkeypatch.setattr(generated_check, "infer_node", counting)
+    calls = verified
     training = build_artifacts(_cnn(), requires_grad=["w", "b", "w2", "fc", "fcb"], loss=LossType.CrossEntropyLoss,
                                verify=False).training
     verify_generated(training)

@@ -11,11 +11,11 @@ tests/fixtures/ort_training/README.md)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from _artifacts import make_oplower_artifacts_driver
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "tests" / "fixtures" / "ort_training" / "oplower_made.json"
@@ -24,15 +24,7 @@ RERECORD = ("re-record: PYTHONPATH=. python tools/make_oplower_artifacts.py --ou
             "tools/ort_training/run_oplower_artifacts.py DIR --record tests/fixtures/ort_training/oplower_made.json")
 
 
-def _driver():
-    path = ROOT / "tools" / "make_oplower_artifacts.py"
-    spec = importlib.util.spec_from_file_location("make_oplower_artifacts", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-DRIVER = _driver()
+DRIVER = make_oplower_artifacts_driver()
 NAMES = DRIVER.architectures()
 RECORDED = json.loads(RECORD.read_text())
 

@@ -115,8 +115,7 @@ def old_runtime_forms(model: onnx.ModelProto) -> bool:
 def _spatial_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, list[int | None]]]:
     """The element type and declared or inferred dims of the inputs of the AveragePools the rewrite may touch
     (shape inference runs only where there is such a pool: most models pay nothing)."""
-    pools = {n.input[0] for n in _all_nodes(model.graph) if n.op_type == "AveragePool"
-             and _int(n, "ceil_mode", 0) and _int(n, "count_include_pad", 0)}
+    pools = {n.input[0] for n in _all_nodes(model.graph) if _ceil_counting_pads(n)}
     if not pools:
         return {}
     try:
@@ -161,29 +160,25 @@ def _rewrite_nodes(container, opset: int, fresh, shapes: dict[str, tuple[int, li
     return changed
 
 
-def _ints(node: onnx.NodeProto, name: str) -> list[int] | None:
-    for attr in node.attribute:
-        if attr.name == name:
-            return list(attr.ints)
-    return None
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _int(node: onnx.NodeProto, name: str, default: int) -> int:
-    for attr in node.attribute:
-        if attr.name == name:
-            return attr.i
-    return default
+def _ceil_counting_pads(node: onnx.NodeProto) -> bool:
+    """An AveragePool in ceil mode that counts the padding: the form 1.23 divides wrongly."""
+    attrs = _attrs(node)
+    return node.op_type == "AveragePool" and bool(attrs.get("ceil_mode")) and bool(attrs.get("count_include_pad"))
 
 
 def _replacement(node: onnx.NodeProto, opset: int, fresh,
                  shapes: dict[str, tuple[int, list[int | None]]]) -> list[onnx.NodeProto] | None:
     if node.op_type == "Transpose":
-        perm = _ints(node, "perm")
-        if perm is not None and perm == list(range(len(perm))):
+        perm = _attrs(node).get("perm")
+        if perm is not None and list(perm) == list(range(len(perm))):
             return [helper.make_node("Identity", list(node.input), list(node.output), name=node.name)]
         return None
     if node.op_type in _IDENTITY_REDUCTIONS:
-        if opset < _AXES_INPUT_SINCE.get(node.op_type, 18) or not _int(node, "noop_with_empty_axes", 0):
+        if opset < _AXES_INPUT_SINCE.get(node.op_type, 18) or not _attrs(node).get("noop_with_empty_axes"):
             return None
         if len(node.input) > 1 and node.input[1]:
             return None
@@ -212,17 +207,16 @@ _POOL_TYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.f
 
 def _average_pool(node: onnx.NodeProto, fresh,
                   typed: tuple[int, list[int | None]] | None) -> list[onnx.NodeProto] | None:
-    if not (_int(node, "ceil_mode", 0) and _int(node, "count_include_pad", 0)) or typed is None:
+    if not _ceil_counting_pads(node) or typed is None:
         return None
     elem, dims = typed
-    auto_pad = next((a.s for a in node.attribute if a.name == "auto_pad"), b"NOTSET")
-    kernel, strides = _ints(node, "kernel_shape"), _ints(node, "strides")
-    dilations = _ints(node, "dilations")
+    attrs = _attrs(node)
+    auto_pad, kernel, dilations = attrs.get("auto_pad", b"NOTSET"), attrs.get("kernel_shape"), attrs.get("dilations")
     if auto_pad not in (b"NOTSET", b"VALID") or not kernel or (dilations and any(d != 1 for d in dilations)):
         return None
     spatial = len(kernel)
-    strides = strides or [1] * spatial
-    pads = (_ints(node, "pads") if auto_pad == b"NOTSET" else None) or [0] * (2 * spatial)
+    strides = attrs.get("strides") or [1] * spatial
+    pads = (attrs.get("pads") if auto_pad == b"NOTSET" else None) or [0] * (2 * spatial)
     sizes = dims[2:]
     if len(strides) != spatial or len(pads) != 2 * spatial or len(sizes) != spatial or None in sizes \
             or elem not in _POOL_TYPES:

@@ -64,12 +64,11 @@ def test_noop_reduction_without_axes_gets_an_empty_axes_input(op, opset):
         assert not compat.old_runtime_forms(_model([node], [("x", [3, 4])], ["y"], opset=version))
 
 
-def _pool_as_onnxruntime_1_23(x, kernel, strides, pads):
+def _pool_as_onnxruntime_1_23(x, kernel, strides, pads, counts):
     """onnxruntime 1.23's AveragePool with ceil_mode and count_include_pad: each window's sum over the input,
-    divided by the whole kernel size (also where the window runs past the padded input)."""
+    divided by the whole kernel size (also where the window runs past the padded input); ``counts`` windows per
+    spatial axis."""
     spatial = len(kernel)
-    sizes = x.shape[2:]
-    counts = [compat._windows(n, pads[i], pads[i + spatial], kernel[i], strides[i]) for i, n in enumerate(sizes)]
     out = np.zeros(x.shape[:2] + tuple(counts))
     for index in np.ndindex(*counts):
         window = tuple(slice(max(o * s - b, 0), max(o * s - b + k, 0)) for o, s, b, k in
@@ -93,7 +92,7 @@ def test_ceil_average_pool_correction(shape, kernel, strides, pads):
     rewritten = _rewritten(model)
     assert [n.op_type for n in rewritten.graph.node] == ["AveragePool", "Constant", "Mul"]
     factor = numpy_helper.to_array(rewritten.graph.node[1].attribute[0].t)
-    got = _pool_as_onnxruntime_1_23(x.astype(np.float64), kernel, strides, pads) * factor
+    got = _pool_as_onnxruntime_1_23(x.astype(np.float64), kernel, strides, pads, want.shape[2:]) * factor
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert not np.allclose(factor, 1.0)  # the case has windows past the padded input
 

@@ -21,10 +21,10 @@ class Artifact:
     batch: dict[str, np.ndarray]  # data.npz's input and labels, by the train-step model's input names
     learning_rate: float  # meta.json's
 
-    def trainer(self, threads: int | None, models: TrainingModels | None = None,
-                cls: type[Trainer] = Trainer) -> Trainer:
+    def trainer(self, threads: int | None, models: TrainingModels | None = None, cls: type[Trainer] = Trainer,
+                memory_pattern: bool | None = None) -> Trainer:
         return cls(models or self.models, self.start, learning_rate=self.learning_rate, threads=threads,
-                   spinning=False)
+                   spinning=False, memory_pattern=memory_pattern)
 
     def median_step_ms(self, trainer: Trainer, steps: int, clock=time.perf_counter) -> float:
         """The median milliseconds of ``steps`` steps of ``trainer`` on the batch (``clock``: the wall clock, or

@@ -18,7 +18,6 @@ from pathlib import Path
 import _artifact
 
 from lowering.training.step_size import multiply_accumulates
-from lowering.training.trainer import Trainer
 
 VARIANTS = ((2, False), (2, True), (1, False), (1, True))
 
@@ -33,8 +32,7 @@ def main() -> int:
         artifact = _artifact.load(directory)
         trainers = {}
         for threads, pattern in VARIANTS:
-            trainer = Trainer(artifact.models, artifact.start, learning_rate=artifact.learning_rate, threads=threads,
-                              spinning=False, memory_pattern=pattern)
+            trainer = artifact.trainer(threads, memory_pattern=pattern)
             for _ in range(5):
                 trainer.step(artifact.batch)
             trainers[threads, pattern] = trainer

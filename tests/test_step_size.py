@@ -3,13 +3,15 @@ Trainer's choice of one intra-op thread and the memory pattern for a small step 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from lowering.training.step_size import SMALL_STEP_MACS, is_small_step, multiply_accumulates
+from lowering.training.step_size import SMALL_STEP_MACS, is_small_step, multiply_accumulates, step_is_small
 from lowering.training.trainer import Trainer, initial_parameters, lower_artifacts
 
 ARTIFACTS = Path(__file__).parent / "fixtures" / "ort_training" / "artifacts"
@@ -39,7 +41,19 @@ def test_counts_each_kind_by_hand():
 def test_a_symbolic_dimension_counts_as_unknown():
     model = _model([helper.make_node("MatMul", ["a", "b"], ["y"])], [("a", ["batch", 6]), ("b", [6, 7])])
     assert multiply_accumulates(model) is None
-    assert not is_small_step(model)
+    assert not is_small_step(model) and step_is_small(model) is None
+    assert step_is_small(model, {"a": (5, 6)}) is True  # the batch at hand fixes it: 5 * 7 * 6
+    assert step_is_small(model, {"a": (SMALL_STEP_MACS, 6)}) is False
+
+
+def test_shape_chains_count_through_data_propagation():
+    """A MatMul operand whose shape a Shape -> Expand chain makes (the recurrent lowerings' ones and zero states)
+    counts: onnx's shape inference follows the chain with data propagation."""
+    nodes = [helper.make_node("Shape", ["a"], ["s"]),
+             helper.make_node("Expand", ["one", "s"], ["ones"]),
+             helper.make_node("MatMul", ["ones", "b"], ["y"])]
+    model = _model(nodes, [("a", [4, 6]), ("one", []), ("b", [6, 7])])
+    assert multiply_accumulates(model) == 4 * 7 * 6
 
 
 def test_threshold():
@@ -81,7 +95,7 @@ def test_trainer_takes_one_thread_and_the_memory_pattern_for_a_small_step(cnn):
 
 def test_trainer_keeps_the_default_for_a_large_step(cnn, monkeypatch):
     models, start = cnn
-    monkeypatch.setattr("lowering.training.trainer.is_small_step", lambda model: False)
+    monkeypatch.setattr("lowering.training.trainer.step_is_small", lambda model, shapes=None: False)
     trainer = Trainer(models, start)
     options = _session_options(trainer)
     assert not trainer.small_step and trainer.threads is None
@@ -91,3 +105,49 @@ def test_trainer_keeps_the_default_for_a_large_step(cnn, monkeypatch):
 def test_an_explicit_memory_pattern_wins(cnn):
     models, start = cnn
     assert not _session_options(Trainer(models, start, memory_pattern=False)).enable_mem_pattern
+
+
+def _symbolic_batch(models):
+    """``models`` whose train-step model declares a symbolic batch on its data inputs."""
+    step = onnx.ModelProto()
+    step.CopyFrom(models.step.model)
+    for value in step.graph.input:
+        if value.name in models.step.interface.data:
+            value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    return dataclasses.replace(models, step=dataclasses.replace(models.step, model=step))
+
+
+def test_a_symbolic_batch_is_decided_by_the_first_batch(cnn):
+    models, start = cnn
+    symbolic = _symbolic_batch(models)
+    trainer = Trainer(symbolic, start)
+    assert trainer.small_step is None and trainer.threads is None  # unknown until a batch is seen
+    assert _session_options(trainer).intra_op_num_threads == 0
+    data = dict(np.load(ARTIFACTS / "cnn" / "data.npz"))
+    batch = {models.step.interface.data[0]: data["input"], "labels": data["labels"]}
+    losses = [trainer.step(batch) for _ in range(3)]
+    assert trainer.small_step is True and trainer.threads == 1
+    options = _session_options(trainer)
+    assert options.intra_op_num_threads == 1 and options.enable_mem_pattern
+    static = Trainer(models, start)  # the same state went over to the new session: the same training
+    np.testing.assert_allclose(losses, [static.step(batch) for _ in range(3)], rtol=1e-6)
+    np.testing.assert_allclose(trainer.params[models.params[0]], static.params[models.params[0]], rtol=1e-6)
+
+
+def test_a_symbolic_batch_with_the_callers_threads_is_not_decided(cnn):
+    models, start = cnn
+    trainer = Trainer(_symbolic_batch(models), start, threads=2)
+    assert trainer.small_step is None and trainer.threads == 2
+    assert not trainer._decide_at_first_step
+
+
+def test_a_symbolic_batch_found_large_keeps_the_default(cnn, monkeypatch):
+    models, start = cnn
+    monkeypatch.setattr("lowering.training.trainer.step_is_small",
+                        lambda model, shapes=None: None if shapes is None else False)
+    trainer = Trainer(_symbolic_batch(models), start)
+    session = trainer._bound.session
+    data = dict(np.load(ARTIFACTS / "cnn" / "data.npz"))
+    trainer.step({models.step.interface.data[0]: data["input"], "labels": data["labels"]})
+    assert trainer.small_step is False and trainer.threads is None
+    assert trainer._bound.session is session  # no second session

@@ -43,5 +43,5 @@ def load(directory: Path) -> Artifact:
     models = lower_artifacts(directory)
     start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")))
     data = dict(np.load(directory / "data.npz"))
-    batch = {models.step.interface.data[0]: data["input"], meta["labels_input"]: data["labels"]}
+    batch = {models.step.interface.data[0]: data["input"], meta["labels_input"]: data.get("labels", data.get(meta["labels_input"]))}
     return Artifact(models, start, batch, meta["learning_rate"])

@@ -32,7 +32,7 @@ def main() -> int:
         meta = json.loads((directory / "meta.json").read_text())
         start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")))
         data = dict(np.load(directory / "data.npz"))
-        feeds = {models.training.graph.input[0].name: data["input"], meta["labels_input"]: data["labels"]}
+        feeds = {models.training.graph.input[0].name: data["input"], meta["labels_input"]: data.get("labels", data.get(meta["labels_input"]))}
         detail: dict[str, dict[str, list[float]]] = {}
         groups = profile_train_step(models, start, feeds, learning_rate(directory),
                                     load_model(directory / TRAINING_MODEL), 1, 5, detail)

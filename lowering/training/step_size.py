@@ -13,6 +13,7 @@ shapes (None where a shape is not static: the batch is then unknown and nothing 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 import onnx
 
@@ -24,7 +25,7 @@ def multiply_accumulates(model: onnx.ModelProto, limit: int | None = None) -> in
     """The multiply-accumulates of the model's Conv/ConvTranspose/MatMul/Gemm nodes (main graph), None when one
     of their shapes is not static. Stops counting above ``limit``."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 -- a model shape inference cannot read: nothing known
         return None
     shapes: dict[str, list[int | None]] = {t.name: list(t.dims) for t in inferred.graph.initializer}
@@ -63,5 +64,28 @@ def _reduced_length(node: onnx.NodeProto, a: list[int], b: list[int]) -> int:
 
 def is_small_step(model: onnx.ModelProto) -> bool:
     """At most SMALL_STEP_MACS multiply-accumulates, every counted shape static."""
+    return step_is_small(model) is True
+
+
+def step_is_small(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None) -> bool | None:
+    """Whether the step is small (at most SMALL_STEP_MACS multiply-accumulates); None when a counted shape is not
+    static. ``input_shapes`` fix graph inputs' dims first (a symbolic batch: the shapes of the batch at hand)."""
+    if input_shapes:
+        model = with_input_shapes(model, input_shapes)
     count = multiply_accumulates(model, limit=SMALL_STEP_MACS)
-    return count is not None and count <= SMALL_STEP_MACS
+    return None if count is None else count <= SMALL_STEP_MACS
+
+
+def with_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph inputs named in ``input_shapes`` declare those dims (same rank only)."""
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value in fixed.graph.input:
+        shape = input_shapes.get(value.name)
+        dims = value.type.tensor_type.shape.dim
+        if shape is None or not value.type.tensor_type.HasField("shape") or len(dims) != len(shape):
+            continue
+        for dim, size in zip(dims, shape, strict=True):
+            dim.Clear()
+            dim.dim_value = int(size)
+    return fixed

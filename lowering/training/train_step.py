@@ -602,6 +602,11 @@ class BoundStep:
         self._bindings: list = []
         self._current = 0  # the set holding the current state
 
+    def replace_session(self, session) -> None:
+        """Run the same model in ``session`` from now on (other options); the state stays in its OrtValues."""
+        self.session = session
+        self._bindings = []  # rebuilt by the next run
+
     def _bind(self) -> None:
         """(Re)build both bindings: after the data OrtValues were (re)allocated."""
         self._bindings = []

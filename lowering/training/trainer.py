@@ -35,7 +35,7 @@ from lowering.modelio import load_model
 from lowering.passes import lower_runnable
 from lowering.training.checkpoint import Checkpoint, CheckpointError, read_checkpoint, write_checkpoint
 from lowering.training.labels import LabelInput, check_labels, label_inputs
-from lowering.training.step_size import is_small_step
+from lowering.training.step_size import step_is_small
 from lowering.training.train_step import FIRST_MOMENT, SECOND_MOMENT, BoundStep, TrainStep, train_step
 from opdef.errors import ModelError, OplowerError, RuntimeFailure
 from runtime.session import np_dtype, ort_message
@@ -178,6 +178,7 @@ class Trainer:
 
     ``threads`` (intra-op) and ``memory_pattern`` left None: a small step (:mod:`lowering.training.step_size`)
     gets one thread and onnxruntime's memory pattern, a larger one onnxruntime's default threads and no pattern.
+    ``small_step`` is None while unknown: a symbolic dim (the batch) is decided by the first step's batch.
     """
 
     def __init__(self, models: TrainingModels, start: StartingPoint, *, learning_rate: float = 1e-3,
@@ -190,23 +191,18 @@ class Trainer:
         given += [[np.zeros_like(v) for v in params.values()] for _ in range(len(MOMENTS) - len(given))]
         self.learning_rate = np.array([learning_rate], np.float32)
         self.step_count = start.step  # optimizer steps taken: the next one passes step_count + 1
-        options = ort.SessionOptions()
-        options.log_severity_level = 3  # onnxruntime's warnings (unused initializers ...) are not the user's
         # a small step (lowering.training.step_size): one intra-op thread, unless the caller chose, and the memory
-        # pattern; 0.53-0.86x of the 2-thread step on the committed tiny artifacts
-        self.small_step = is_small_step(models.step.model if models.step is not None else models.training)
+        # pattern; 0.53-0.86x of the 2-thread step on the committed tiny artifacts. A symbolic dim (the batch)
+        # leaves it unknown until the first step shows the batch's shapes (_decide_at_first_step)
+        step_model = models.step.model if models.step is not None else models.training
+        self.small_step: bool | None = step_is_small(step_model)
+        self._decide_at_first_step = (self.small_step is None and threads is None and memory_pattern is None
+                                      and models.step is not None)
         if threads is None and self.small_step:
             threads = 1
         self.threads = threads  # None: onnxruntime's default (one per physical core)
-        if threads:
-            options.intra_op_num_threads = threads
-        if not spinning:  # idle workers that spin take the cores from other work between steps
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        # onnxruntime's memory pattern (one block planned from the first run) left the ResNet-CIFAR step at
-        # 1.6x onnxruntime-training's peak growth (102 against 64 MB at batch 32); without it 62 MB, and no
-        # measurable change in step time (tools/step_memory.py, paired runs of tools/ab_train_step.py). A small
-        # step keeps it: a few kB, and one allocation fewer per kernel (cnn 0.40 -> 0.37 ms, bert 0.22 -> 0.19)
-        options.enable_mem_pattern = self.small_step if memory_pattern is None else memory_pattern
+        self._spinning = spinning
+        options = self._options(threads, spinning, bool(self.small_step) if memory_pattern is None else memory_pattern)
         # One bound session run per step when the train-step model is there (measured on the cnn artifact,
         # 2 threads: 0.63 ms against 0.74 ms for unbound runs of the same model and ~0.9-1.0 ms for the two
         # models; mlp_bce 0.071 / 0.124 / 0.22 ms); the two-model step otherwise.
@@ -299,6 +295,32 @@ class Trainer:
             self._sgd_moments.update(named)
 
     @staticmethod
+    def _options(threads: int | None, spinning: bool, memory_pattern: bool) -> ort.SessionOptions:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # onnxruntime's warnings (unused initializers ...) are not the user's
+        if threads:
+            options.intra_op_num_threads = threads
+        if not spinning:  # idle workers that spin take the cores from other work between steps
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # onnxruntime's memory pattern (one block planned from the first run) left the ResNet-CIFAR step at
+        # 1.6x onnxruntime-training's peak growth (102 against 64 MB at batch 32); without it 62 MB, and no
+        # measurable change in step time (tools/step_memory.py, paired runs of tools/ab_train_step.py). A small
+        # step keeps it: a few kB, and one allocation fewer per kernel (cnn 0.40 -> 0.37 ms, bert 0.22 -> 0.19)
+        options.enable_mem_pattern = memory_pattern
+        return options
+
+    def _decide_small_step(self, batch: Mapping[str, np.ndarray]) -> None:
+        """The small-step choice of a step with a symbolic dim, from the first batch's shapes: a small one moves
+        to a session with one thread and the memory pattern (the state stays where it is)."""
+        self._decide_at_first_step = False
+        shapes = {n: np.shape(batch[n]) for n in self.models.step.interface.data if n in batch}
+        self.small_step = bool(step_is_small(self.models.step.model, shapes))
+        if self.small_step:
+            self.threads = 1
+            session = self._session(self.models.step.model, self._options(1, self._spinning, True), "train-step model")
+            self._bound.replace_session(session)
+
+    @staticmethod
     def _session(model: onnx.ModelProto, options: ort.SessionOptions, what: str) -> ort.InferenceSession:
         try:
             return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -311,6 +333,8 @@ class Trainer:
         if self.models.labels:
             check_labels(batch, self.models.labels, f"step {self.step_count + 1}")
         if self._bound is not None:
+            if self._decide_at_first_step:
+                self._decide_small_step(batch)
             self.step_count += 1
             self._bound.set_learning_rate(float(self.learning_rate.reshape(-1)[0]))
             try:

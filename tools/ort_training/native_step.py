@@ -315,6 +315,13 @@ def optimizer_kernels(directory: Path) -> int:
     return len(onnx.load(directory / "optimizer_model.onnx", load_external_data=False).graph.node)
 
 
+def labels_of(directory: Path, data) -> np.ndarray:
+    """The labels array of ``data``: under "labels", or under the artifact's labels input name (meta.json)."""
+    if "labels" in data:
+        return data["labels"]
+    return data[json.loads((directory / "meta.json").read_text())["labels_input"]]
+
+
 def time_native(directory: Path, steps: int, threads: int, spin: bool, data: dict | None = None,
                 clock: str = "wall") -> dict:
     import onnxruntime as ort
@@ -328,7 +335,7 @@ def time_native(directory: Path, steps: int, threads: int, spin: bool, data: dic
     module = Module(str(directory / "training_model.onnx"), state, device="cpu", session_options=options)
     optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
     data = data if data is not None else np.load(directory / "data.npz")
-    x, y = data["input"], data["labels"]
+    x, y = data["input"], labels_of(directory, data)
     module.train()
 
     def step() -> None:
@@ -372,7 +379,7 @@ def profile_native(directory: Path, steps: int, threads: int, data: dict | None 
         module = Module(str(directory / "training_model.onnx"), state, device="cpu", session_options=options)
         optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
         data = data if data is not None else np.load(directory / "data.npz")
-        x, y = data["input"], data["labels"]
+        x, y = data["input"], labels_of(directory, data)
         module.train()
         optimizer_ms = []
         for k in range(WARMUP + steps):
@@ -482,7 +489,7 @@ def memory_native(directory: Path, steps: int, threads: int) -> dict:
     module = Module(str(directory / "training_model.onnx"), state, device="cpu", session_options=options)
     optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
     data = np.load(directory / "data.npz")
-    x, y = data["input"], data["labels"]
+    x, y = data["input"], labels_of(directory, data)
     module.train()
     gc.collect()
     before = memory_now()["VmRSS"]

@@ -38,10 +38,15 @@ class Artifact:
         return float(np.median(times) * 1e3)
 
 
+def labels(meta: dict, data: dict[str, np.ndarray]) -> np.ndarray:
+    """data.npz's labels: under "labels", or (the #29 held-out sweep's) under the labels input's own name."""
+    return data["labels"] if "labels" in data else data[meta["labels_input"]]
+
+
 def load(directory: Path) -> Artifact:
     meta = json.loads((directory / "meta.json").read_text())
     models = lower_artifacts(directory)
     start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")))
     data = dict(np.load(directory / "data.npz"))
-    batch = {models.step.interface.data[0]: data["input"], meta["labels_input"]: data.get("labels", data.get(meta["labels_input"]))}
+    batch = {models.step.interface.data[0]: data["input"], meta["labels_input"]: labels(meta, data)}
     return Artifact(models, start, batch, meta["learning_rate"])

@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+import _artifact
 import numpy as np
 
 from lowering.bench.training import learning_rate, profile_train_step
@@ -32,7 +33,7 @@ def main() -> int:
         meta = json.loads((directory / "meta.json").read_text())
         start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")))
         data = dict(np.load(directory / "data.npz"))
-        feeds = {models.training.graph.input[0].name: data["input"], meta["labels_input"]: data.get("labels", data.get(meta["labels_input"]))}
+        feeds = {models.training.graph.input[0].name: data["input"], meta["labels_input"]: _artifact.labels(meta, data)}
         detail: dict[str, dict[str, list[float]]] = {}
         groups = profile_train_step(models, start, feeds, learning_rate(directory),
                                     load_model(directory / TRAINING_MODEL), 1, 5, detail)

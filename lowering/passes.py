@@ -28,6 +28,7 @@ from lowering.builder import NodeBuilder
 from lowering.compat import needs_old_runtime_forms, old_runtime_forms, runtime_ir_version
 from lowering.modelio import check_structure
 from lowering.rules import LoweringOptions, LoweringRequest, check_portable, check_target, rule_for
+from lowering.static_shapes import fold_static_shapes
 from opdef import in_place
 from opdef.errors import LoweringError, OplowerError
 from opdef.graphs import all_nodes, first_output, located_nodes, model_nodes, subgraphs
@@ -160,7 +161,8 @@ def lower_model_with_report(model: ModelT, *, registry: Registry | None = None, 
 def lower_runnable(model: onnx.ModelProto, source: str, *, target: str = "onnxruntime") -> onnx.ModelProto:
     """Lower ``model`` for ``target`` and refuse what would not run there: any op left without a rule, but for
     onnxruntime's own contrib ops (FusedMatMul ...) on the onnxruntime target. Errors start with ``source``
-    (the model's file)."""
+    (the model's file). ``Shape`` / ``Size`` of statically shaped values become constants
+    (:mod:`lowering.static_shapes`): a model run step after step should not recompute what is known."""
     try:
         lowered, report = lower_model_with_report(model, target=target)
     except OplowerError as exc:
@@ -170,6 +172,10 @@ def lower_runnable(model: onnx.ModelProto, source: str, *, target: str = "onnxru
         where = "plain onnxruntime" if target != "portable" else "the portable target"
         raise LoweringError(f"{source}: {where} cannot run {', '.join(sorted(op.op for op in refused))} (no "
                             f"lowering rule yet); first: node {refused[0].first} ({refused[0].op})")
+    if lowered is model:  # nothing was lowered: the caller's model stays as it is
+        lowered = onnx.ModelProto()
+        lowered.CopyFrom(model)
+    fold_static_shapes(lowered)
     return lowered
 
 

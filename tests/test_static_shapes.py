@@ -1,0 +1,93 @@
+"""Shape / Size of statically shaped values folded to constants (lowering.static_shapes): the folded model
+computes what the original computed (onnxruntime runs both), nothing is folded that the shapes do not fix,
+and the committed static artifacts' train steps keep no Shape / Size kernels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from lowering.passes import lower_runnable
+from lowering.static_shapes import fold_static_shapes
+from lowering.training.trainer import lower_artifacts
+
+ARTIFACTS = Path(__file__).parent / "fixtures" / "ort_training" / "artifacts"
+F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def _model(nodes, x_shape, outputs):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F32, x_shape)],
+                              [helper.make_tensor_value_info(n, t, None) for n, t in outputs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _run(model, x):
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})
+
+
+def _ops(model):
+    return [n.op_type for n in model.graph.node]
+
+
+def test_size_and_shape_slices_fold_to_what_they_computed():
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Size", ["r"], ["size"]),
+             helper.make_node("Shape", ["r"], ["shape"]),
+             helper.make_node("Shape", ["r"], ["tail"], start=1),
+             helper.make_node("Shape", ["r"], ["middle"], start=-2, end=-1),
+             helper.make_node("Shape", ["r"], ["clamped"], start=-9, end=9),
+             # the chain onnxruntime-training writes for ReduceMean's gradient
+             helper.make_node("Div", ["size", "size"], ["ratio"])]
+    outputs = [("size", I64), ("shape", I64), ("tail", I64), ("middle", I64), ("clamped", I64), ("ratio", I64)]
+    model = _model(nodes, [2, 3, 5], outputs)
+    x = np.random.default_rng(0).standard_normal((2, 3, 5)).astype(np.float32)
+    want = _run(model, x)
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)
+    assert fold_static_shapes(folded) == 5
+    assert _ops(folded) == ["Relu", "Constant", "Constant", "Constant", "Constant", "Constant", "Div"]
+    for got, expected in zip(_run(folded, x), want, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_only_what_the_shapes_fix_is_folded():
+    nodes = [helper.make_node("Shape", ["x"], ["whole"]),
+             helper.make_node("Shape", ["x"], ["tail"], start=1),
+             helper.make_node("Size", ["x"], ["size"])]
+    model = _model(nodes, ["batch", 4, 6], [("whole", I64), ("tail", I64), ("size", I64)])
+    x = np.ones((3, 4, 6), np.float32)
+    want = _run(model, x)
+    assert fold_static_shapes(model) == 1  # [1:] of [batch, 4, 6]; the whole shape and the size need the batch
+    assert _ops(model) == ["Shape", "Constant", "Size"]
+    for got, expected in zip(_run(model, x), want, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_a_model_with_a_ceil_mode_pool_is_left_alone():
+    """onnx's inference counts a ceil-mode window that starts in the end padding, the runtimes do not."""
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2], strides=[2], pads=[0, 1], ceil_mode=1),
+             helper.make_node("Shape", ["p"], ["shape"])]
+    model = _model(nodes, [1, 1, 5], [("shape", I64)])
+    assert fold_static_shapes(model) == 0 and _ops(model) == ["MaxPool", "Shape"]
+
+
+def test_lower_runnable_leaves_the_callers_model_alone():
+    model = _model([helper.make_node("Size", ["x"], ["size"])], [2, 3], [("size", I64)])
+    lowered = lower_runnable(model, "m.onnx")
+    assert _ops(model) == ["Size"] and _ops(lowered) == ["Constant"]
+
+
+@pytest.mark.parametrize("name", ["mlp_act", "lstm", "gru", "bert", "mobilenet"])
+def test_static_train_steps_keep_no_shape_kernels(name):
+    """The committed artifacts have static shapes: their ReduceMean gradients' Size / Shape and the recurrent
+    rules' Shape -> Expand chains are constants in the train-step model."""
+    step = lower_artifacts(ARTIFACTS / name).step.model
+    assert not {"Shape", "Size"} & set(_ops(step))

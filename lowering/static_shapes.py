@@ -12,7 +12,7 @@ only, and every runtime folds it when it loads the model.
 Shapes come from onnx's shape inference with data propagation, the same functions onnxruntime trusts when it
 folds a ``Shape``. One place where onnx's inference is known to disagree with the runtimes: a ceil-mode pool
 whose last window starts in the end padding (onnx counts that window, onnxruntime and onnx.reference drop it). A
-model with a ceil-mode pool is left as it is.
+model with such a pool (or a ceil-mode pool of an input shape not known) is left as it is.
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ def fold_static_shapes(model: onnx.ModelProto) -> int:
     dim a ``Size`` multiplies, or a ``Shape`` reads with its start / end: [1:] of [batch, 8] is [8]) by a
     ``Constant`` of it (same output name); returns how many were folded. Subgraphs are left alone."""
     graph = model.graph
-    if not any(n.op_type in ("Shape", "Size") for n in graph.node) or _has_ceil_pool(graph):
+    if not any(n.op_type in ("Shape", "Size") for n in graph.node):
         return 0
     shapes = static_shapes(model)
+    if any(_window_in_end_padding(n, shapes) for n in graph.node):
+        return 0
     folded = 0
     for index, node in enumerate(graph.node):
         if node.op_type not in ("Shape", "Size") or node.domain not in ("", "ai.onnx") or not node.input:
@@ -76,5 +78,27 @@ def _shape_slice(node: onnx.NodeProto, rank: int) -> slice:
     return slice(clamp(int(attrs.get("start", 0))), clamp(int(attrs.get("end", rank))))
 
 
-def _has_ceil_pool(graph: onnx.GraphProto) -> bool:
-    return any(n.op_type in _POOLS and any(a.name == "ceil_mode" and a.i for a in n.attribute) for n in graph.node)
+def _window_in_end_padding(node: onnx.NodeProto, shapes: dict[str, list[int | None]]) -> bool:
+    """A ceil-mode pool whose last window, as onnx's inference counts them, starts past the input and its begin
+    padding (onnxruntime and onnx.reference drop that window); True also where the input's size is not known."""
+    if node.op_type not in _POOLS or node.domain not in ("", "ai.onnx"):
+        return False
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if not attrs.get("ceil_mode", 0):
+        return False
+    dims = shapes.get(node.input[0])
+    kernel = list(attrs.get("kernel_shape", []))
+    if dims is None or len(dims) != len(kernel) + 2 or None in dims[2:] or attrs.get("auto_pad", b"NOTSET") not in (
+            b"NOTSET", "NOTSET"):
+        return True
+    spatial = len(kernel)
+    strides = list(attrs.get("strides", [1] * spatial))
+    dilations = list(attrs.get("dilations", [1] * spatial))
+    pads = list(attrs.get("pads", [0] * 2 * spatial))
+    for axis, size in enumerate(dims[2:]):
+        begin, end = pads[axis], pads[axis + spatial]
+        extent = (kernel[axis] - 1) * dilations[axis] + 1
+        windows = -(-(size + begin + end - extent) // strides[axis]) + 1  # ceil
+        if (windows - 1) * strides[axis] >= size + begin:
+            return True
+    return False

@@ -254,7 +254,8 @@ def _append_updates(model: onnx.ModelProto, interface: TrainStepInterface, gradi
     groups = _flat_groups(interface.params, inputs)
     # learning_rate and step as fed, [1]: they broadcast against a flat buffer and any parameter of rank 1 or more
     # without changing its shape, so only a parameter of rank 0 (or of unknown rank) updated alone needs them as
-    # scalars (two Reshapes); with [1] inputs AdamW's step scalars are stacked (13 -> 9 kernels per step)
+    # scalars (two Reshapes); with [1] inputs AdamW's step scalars are stacked (13 -> 9 kernels per step), in the
+    # flat state form their two bias corrections one Split (8; the per-parameter form's Splits stay its state's)
     one_d = all(len(g) > 1 or len(_static_shape(inputs[g[0]]) or ()) > 0 for g in groups)
     if one_d:
         lr, step = "learning_rate", "step"
@@ -264,7 +265,7 @@ def _append_updates(model: onnx.ModelProto, interface: TrainStepInterface, gradi
     new_inputs = [helper.make_tensor_value_info("learning_rate", TensorProto.FLOAT, [1]),
                   helper.make_tensor_value_info("step", TensorProto.INT64, [1])]
     new_outputs = [outputs[interface.loss]]
-    scalars = adamw.step_scalars(b, lr, step, stacked=one_d, portable=portable) if adamw else None
+    scalars = adamw.step_scalars(b, lr, step, stacked=one_d, portable=portable, split=flat_state) if adamw else None
     flat_groups = []
     for group in groups:
         if flat_state and len(group) > 1:

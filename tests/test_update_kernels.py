@@ -1,0 +1,67 @@
+"""Issue 31, the train-step model's update with fewer kernels: each form is taken where it applies and gives the
+other form's bits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from lowering.builder import NodeBuilder
+from lowering.rules.training_updates import AdamW
+from lowering.training.train_step import train_step
+
+ARTIFACTS = Path(__file__).resolve().parent / "fixtures" / "ort_training" / "artifacts"
+F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+    model.ir_version = 8  # onnxruntime 1.23 (Python 3.10) reads up to IR 11; onnx's helpers write the newest
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _update_ops(step) -> list[str]:
+    return [n.op_type for n in step.model.graph.node if n.name.startswith("train_step/")]
+
+
+@pytest.mark.parametrize("opset", [12, 17])
+@pytest.mark.parametrize("mode, correct_bias", [(1, 1), (0, 1), (1, 0)])
+def test_split_step_scalars_give_the_sliced_forms_bits(opset, mode, correct_bias):
+    """The bias corrections cut by one Split (the flat state form) are the two Slices' values: every scalar bit for
+    bit over steps 1..400 and a few large ones."""
+    settings = AdamW(float(np.float32(0.9)), float(np.float32(0.999)), float(np.float32(1e-8)), 0.01, mode,
+                     correct_bias)
+    graph = helper.make_graph([], "scalars", [helper.make_tensor_value_info("learning_rate", F32, [1]),
+                                              helper.make_tensor_value_info("step", I64, [1])], [])
+    b = NodeBuilder(opset, "s", lambda name: False, into=graph.node)
+    for split in (False, True):
+        s = settings.step_scalars(b, "learning_rate", "step", stacked=True, split=split)
+        for name in ("alpha_correction", "beta_correction", "lr_corrected", "lr_decay"):
+            out = f"{name}.{split}"
+            b.op1("Identity", [getattr(s, name)], out)
+            graph.output.append(helper.make_tensor_value_info(out, F32, None))
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("Split") == correct_bias and ops.count("Slice") == 2 * correct_bias
+    session = _session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]))
+    for t in [*range(1, 401), 12345, 10**6, 2**40]:
+        for lr in (1e-3, 0.0123):
+            out = session.run(None, {"learning_rate": np.array([lr], np.float32), "step": np.array([t], np.int64)})
+            for sliced, split in zip(out[:4], out[4:], strict=True):
+                assert sliced.shape == split.shape and sliced.tobytes() == split.tobytes(), t
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", "portable"])
+def test_flat_state_cuts_the_corrections_by_one_split(target):
+    """The flat state form (what Trainer runs): the corrections by a Split of their own, no Slice (the portable
+    target: two Slices, it has no Split); the per-parameter form keeps the Slices."""
+    flat = _update_ops(train_step(ARTIFACTS / "cnn", target=target, flat_state=True))
+    each = _update_ops(train_step(ARTIFACTS / "cnn", target=target))
+    if target == "onnxruntime":
+        assert flat.count("Split") == 2 and flat.count("Slice") == 0  # the parameters, the corrections
+        assert each.count("Slice") == 2
+    else:
+        assert flat.count("Split") == each.count("Split") == 0 and flat.count("Slice") > 2

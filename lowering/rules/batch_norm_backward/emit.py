@@ -581,38 +581,45 @@ class _Fast:
         self.final(None, p.io_type != e.ct, "Add", [(ady, True), (v, True)])
 
     def f32_channels(self) -> int | None:
-        """C where diff_src and the parameter gradients take the f32 form (emit_f32): where the stacked form
-        applies, the statistic is inv_std (onnxruntime-training's dialect, whose own kernel works in f32), the
-        tensors are f32 and a channel sums at most F32_SUMS_UPTO elements."""
-        channels = self.stacked_channels()
-        m = self.static_count()
-        if channels is None or self.p.stat_input != "inv_std" or self.p.io_type != self.e.ct or m is None \
-                or m > F32_SUMS_UPTO:
+        """C where diff_src and the parameter gradients of batch statistics take the f32 form (emit_f32): NCX
+        with every dim static, at most SMALL_TENSOR elements and F32_SUMS_UPTO a channel, tensors and statistics
+        in f32 and the statistic inv_std (onnxruntime-training's dialect, whose own kernel works in f32)."""
+        p, e, shape = self.p, self.e, self.static_shape()
+        if self.layout != "NCX" or shape is None or p.stat_input != "inv_std" \
+                or not e.ct == p.io_type == p.stat_type == TensorProto.FLOAT:
             return None
-        return channels
+        if math.prod(shape) > SMALL_TENSOR or math.prod(shape) // shape[1] > F32_SUMS_UPTO:
+            return None
+        return shape[1]
 
     def emit_f32(self) -> None:
         """diff_src (batch statistics) and the parameter gradients of a small NCX tensor with the per-channel
-        math in f32, in onnxruntime-training's kernel's order: 10 kernels per node instead of emit_stacked's 21.
+        math in f32, in onnxruntime-training's kernel's order: 12 kernels per node instead of emit_stacked's 21
+        (and the Conv forms' 28 from CONV_MIN_SPATIAL elements a row).
 
         xc = x - mean and xhat = xc * inv (BatchNormalizations with constant [C] vectors: the Sub's and Mul's
-        bits, no Reshape), diff_beta = S1 = sum(dy) and diff_gamma = sum(dy * xhat) by ReduceSum over every axis
-        but the channel (the kernel's sum of (x - mean) * inv_std * dy: the same products; its bits wherever
-        onnxruntime's ReduceSum adds in the kernel's order), then diff_src = a * (dy - (xhat * diff_gamma +
-        S1) / M) with a = gamma * inv (the kernel: a / M * (dy * M - S1 - xc * diff_gamma * inv)): w = xhat *
-        diff_gamma + S1 a BatchNormalization, its 1/M one Mul (exact for M a power of 2), a Sub, and the
-        product with a a BatchNormalization. Error against float64 over 40 seeds (mean, units of 1e-8 of the
-        largest entry; diff_src, diff_gamma, diff_beta): [4, 16, 4, 4] 7.1 6.7 7.3 (the stacked f64 form 7.5
-        5.4 6.3, the kernel 8.0 6.7 7.3), [16, 16, 8, 8] 8.3 11.1 13.1 (8.1 4.4 9.0; kernel 9.6 11.1 13.1)."""
+        bits, no Reshape), diff_beta = S1 = sum(dy) and diff_gamma = sum(dy * xhat) (the kernel's sum of (x -
+        mean) * inv_std * dy: the same products; its bits wherever onnxruntime's ReduceSum adds in the kernel's
+        order), then diff_src = a * (dy - (xhat * diff_gamma + S1) / M) with a = gamma * inv (the kernel: a / M *
+        (dy * M - S1 - xc * diff_gamma * inv)): w = xhat * diff_gamma + S1 a BatchNormalization, its 1/M one Mul
+        (exact for M a power of 2), a Sub, and the product with a a BatchNormalization. Error against float64
+        over 40 seeds (mean, units of 1e-8 of the largest entry; diff_src, diff_gamma, diff_beta): [4, 16, 4, 4]
+        7.1 6.7 7.3 (the stacked f64 form 7.5 5.4 6.3, the kernel 8.0 6.7 7.3), [16, 16, 8, 8] 8.3 11.1 13.1
+        (8.1 4.4 9.0; kernel 9.6 11.1 13.1).
+
+        Each sum is a ReduceSum over the spatial axes and one over the batch: one ReduceSum over axes (0, 2, 3)
+        (2 kernels fewer a node, the same bits) hands its few rows to a second thread, 11 us where the two take
+        4 (one node at [4, 16, 4, 4], 2 threads, CPU clock: 28.3 against 15.8 us; 1 thread 14.8 against 15.6)."""
         b, e, p = self.b, self.e, self.p
         channels = self.f32_channels()
-        axes = (0, *range(2, p.rank))
+        spatial = tuple(range(2, p.rank))
         ones, zeros = self.per_channel(1.0, channels), self.per_channel(0.0, channels)
         xc = b.op1("BatchNormalization", [p.src, ones, zeros, p.mean, ones], epsilon=0.0)
         inv = p.stat
         xhat = b.op1("BatchNormalization", [xc, inv, zeros, zeros, ones], epsilon=0.0)
-        s1 = e.reduce_sum(p.diff_dst, axes, keepdims=0, output=p.diff_beta)
-        dgamma = e.reduce_sum(b.op1("Mul", [p.diff_dst, xhat]), axes, keepdims=0, output=p.diff_gamma)
+        s1 = e.reduce_sum(e.reduce_sum(p.diff_dst, spatial, keepdims=0), (0,), keepdims=0, output=p.diff_beta)
+        dgamma = e.reduce_sum(e.reduce_sum(b.op1("Mul", [p.diff_dst, xhat]), spatial, keepdims=0), (0,), keepdims=0,
+                              output=p.diff_gamma)
         a = inv if p.gamma is None else b.op1("Mul", [p.gamma, inv])
         w = b.op1("BatchNormalization", [xhat, dgamma, s1, zeros, ones], epsilon=0.0)
         z = b.op1("Mul", [w, e.scalar(1.0 / max(self.static_count(), 1), "inv_m")])

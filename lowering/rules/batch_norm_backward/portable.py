@@ -6,7 +6,8 @@ What ``emit.py`` chooses for onnxruntime and what this module replaces:
 - ``sum(dy*xc)`` as a grouped Conv whose kernels are ``xc`` (``_Fast.conv_dot``): Mul + the staged sums;
 - ``b*xc + c`` as a depthwise Conv with a computed bias (``_Fast.conv_channels``) or a BatchNormalization with
   computed scale/bias/mean/variance (dx form "affine"): Mul + Add ("muladd");
-- ``x - mean`` and ``a*dy`` of small tensors as BatchNormalizations (``_Fast.small_channels``): Sub and Mul.
+- ``x - mean`` and ``a*dy`` of small tensors as BatchNormalizations (``_Fast.small_channels``): Sub and Mul;
+- the f32 form of small tensors (``_Fast.f32_channels``), all BatchNormalizations: the f64 vectors.
 Everything else (casts up and down once, the views, the staged ReduceSum / MatMul-with-ones sums, the
 generic path for other layouts) is shared: those ops take runtime tensors in every conforming runtime
 (tract refuses BatchNormalization whose parameters are not constants; TensorRT and converters want constant
@@ -34,6 +35,9 @@ class _PortableFast(_Fast):
 
     def small_channels(self) -> int | None:
         return None  # no BatchNormalization for x - mean and a*dy: Sub and Mul
+
+    def f32_channels(self) -> int | None:
+        return None  # no BatchNormalization with computed scale and bias (emit_f32): the f64 vectors
 
 
 class _PortableEmitter(_Emitter):

@@ -588,6 +588,34 @@ class ElmanRnn(nn.Module):
         return self.head(out.mean(1) + h[-1])
 
 
+class GruSensor(nn.Module):
+    """A sensor window (batch first, 12 steps of 6 channels) through a GRU, the last step's state classified
+    (added in session 32, measured only: a second recurrent family at batch 4)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(6, 8, batch_first=True)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        _, h = self.rnn(x)
+        return self.head(h[-1])
+
+
+class LstmSensor(nn.Module):
+    """A batch-first LSTM over 10 steps of 4 channels, its outputs averaged over time and classified (session 32,
+    measured only)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(4, 8, batch_first=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.head(out.mean(1))
+
+
 # ==================================================================== MLPs ===========================================
 
 def mlp_acts():
@@ -831,6 +859,8 @@ SPECS = {
     "lstm_bi2": (LstmBi2, ("real", (3, 5, 4)), ("class", 3), "CrossEntropyLoss", "AdamW", {}),
     "gru_embed": (GruEmbed, ("tokens", (3, 6)), ("class", 4), "CrossEntropyLoss", "AdamW", {}),
     "lstm_tagger": (LstmTagger, ("real", (5, 3, 4)), ("real", (5, 3, 2)), "L1Loss", "SGD", {}),
+    "gru_sensor": (GruSensor, ("real", (4, 12, 6)), ("class", 4), "CrossEntropyLoss", "AdamW", {}),
+    "lstm_sensor": (LstmSensor, ("real", (4, 10, 4)), ("class", 3), "CrossEntropyLoss", "AdamW", {}),
     "rnn_elman": (ElmanRnn, ("real", (3, 5, 4)), ("class", 3), "CrossEntropyLoss", "AdamW", {}),
     "mlp_acts": (mlp_acts, ("real", (6, 6)), ("real", 3), "MSELoss", "SGD", {}),
     "mlp_nll": (MlpNll, ("real", (6, 6)), ("none", 5), None, "AdamW", {}),

@@ -19,13 +19,17 @@ done on the whole sequence outside it, as batched MatMuls, elementwise ops and R
   reset gate's operand ``h_prev R_h^T + R_bh``, computed for all steps before it.
 
 LSTMGrad keeps the direction axis throughout ([S, 1, N, ..] scan inputs, [1, N, H] states): with one direction
-its inputs and outputs (but dX) are the tensors themselves, no Gather or Unsqueeze each. GRUGrad does not: its
-body's MatMul + Add pairs, which onnxruntime fuses into Gemms when 2-D, would stay two kernels each per step.
+its inputs and outputs (but dX) are the tensors themselves, no Gather or Unsqueeze each; R it reads as [4H, H]
+like the forward (one view of R for both). GRUGrad does not keep it: its body's MatMul + Add pairs, which
+onnxruntime fuses into Gemms when 2-D, would stay two kernels each per step. With one direction W and R (and
+GRU's B) lose their direction axis by a Squeeze rather than a Gather: a view, which the train-step model's flat
+state cuts from the parameter's buffer with no kernel of its own (torch's W and R arrive as such views).
 
 Kernels per step of the committed lstm artifact (S = 5): LSTMTraining 92 + 20 of its Gathers' Squeezes -> 69,
 LSTMGrad 174 + 20 -> 72 (the bodies 19 -> 12 and 34 -> 10 kernels per step). Sigmoid and Tanh over the stacked
 blocks (and Tanh c before the loop) give the per-block bits in f32 (MLAS); in f64 (Eigen) an element may land 1 ulp
-apart.
+apart. The bodies are pinned node by node (tests/test_recurrent_forms.py), the forward ones with their
+pass-through weights (an Identity per step): what is left to take is outside the loops.
 
 Scan rather than Loop: measured faster for the backward, equal for the forward (onnxruntime CPU, S=50, N=32,
 H=128); unrolling a short static sequence measured the same as the Scan on the S=5 artifacts. Three runtime
@@ -36,7 +40,7 @@ the onnxruntime target a backwards Scan runs with ``scan_input_directions``, the
 by name (the forward ones keep them as states, which the tests pin in their Scan outputs) and, with H static,
 gate blocks are cut by Split.
 
-The portable form uses MatMul, Gather, Reshape, Transpose, Concat, Slice, Where, Less, Range, Expand, Sigmoid,
+The portable form uses MatMul, Gather, Reshape, Squeeze, Transpose, Concat, Slice, Where, Less, Range, Expand, Sigmoid,
 Tanh, elementwise arithmetic and Scan with runtime inputs (lowering.rules.PORTABLE_OPS).
 """
 
@@ -53,6 +57,9 @@ from lowering.rules.elementwise_grad import input_elem
 
 AXES_INPUT_SINCE = 13  # Unsqueeze/Squeeze take axes as an input from here on
 SPLIT_INPUT_SINCE = 13  # Split's split as an input
+# at most this many elements in GRUTraining's constant [6H, 6H] bias packing (H <= 21: a 1 x 6H x 6H product of a
+# few microseconds at most, against the three kernels it saves)
+PACKED_BIAS_LIMIT = 16384
 _BACKWARDS = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}
 
 
@@ -210,12 +217,20 @@ def _direction(e: _Emit, x: str, d: int, axis: int, count: int) -> str:
     return x if count == 1 else e.slice(x, d, d + 1, axis)
 
 
+def _drop_direction(e: _Emit, request: LoweringRequest, x: str, d: int) -> str:
+    """Direction d of a [D, ..] input, that axis dropped: with one direction a Squeeze, a view, which the train-step
+    model's flat state cuts from a parameter's buffer with no kernel (torch's W, R, B), else a Gather."""
+    if len(_BACKWARDS[request.inference.attributes.get("direction", "forward")]) == 1:
+        return e.squeeze(x, [0])
+    return e.pick(x, d, 0)
+
+
 def _direction_input(e: _Emit, request: LoweringRequest, role: str, d: int, io: int, count: int = 0) -> str | None:
     """Direction d of the optional [D, ..] input ``role``: that axis dropped, or kept when given the ``count`` D."""
     name = request.input(role)
     if name is None:
         return None
-    return _direction(e, e.up(name, io), d, 0, count) if count else e.pick(e.up(name, io), d, 0)
+    return _direction(e, e.up(name, io), d, 0, count) if count else _drop_direction(e, request, e.up(name, io), d)
 
 
 def _bias_rows(e: _Emit, request: LoweringRequest, d: int, io: int, rows: int) -> str | None:
@@ -328,7 +343,7 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
     scan_outputs = [r for r in ("HAll", "CAll", "iofc") if outputs[r]]
     per_direction: dict[str, list[str]] = {r: [] for r in ("HFinal", "CFinal", "packed")}
     for d, backwards in enumerate(_BACKWARDS[request.inference.attributes.get("direction", "forward")]):
-        w_d, r_d = e.pick(w, d, 0), e.pick(r, d, 0)
+        w_d, r_d = (_drop_direction(e, request, v, d) for v in (w, r))
         projected = b.op1("MatMul", [x, b.op1("Transpose", [w_d], perm=[1, 0])], hint="x_w")
         pair = _bias_rows(e, request, d, io, 2)
         if pair is not None:  # W_b + R_b, [2, 4H] -> [4H]
@@ -423,7 +438,7 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     x_kept = e.unsqueeze(x, [1]) if outputs["dW"] else None
     results: dict[str, list[str]] = {r: [] for r in roles}
     for d, backwards in enumerate(directions):
-        w_d, r_d = e.pick(w, d, 0), _direction(e, r, d, 0, count)
+        r_d = _drop_direction(e, request, r, d)  # [4H, H]: the forward's view of R (one kernel for both, or none)
         dh_final, h0, dc_final, c0 = _states(e, request, ("dHFinal", "initial_h", "dCFinal", "initial_c"), d, io, x, r,
                                              count)
         start, initial = [dh_final, dc_final], [h0, c0]
@@ -469,7 +484,7 @@ def lower_lstm_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         results["dH0"].append(finals[0])
         results["dC0"].append(finals[1])
         if outputs["dX"]:
-            results["dX"].append(b.op1("MatMul", [dz, w_d], hint="dx"))
+            results["dX"].append(b.op1("MatMul", [dz, _drop_direction(e, request, w, d)], hint="dx"))
         dz_t = b.op1("Transpose", [dz], perm=[0, 1, 3, 2], hint="dz_t") if outputs["dW"] or outputs["dR"] else None
         if outputs["dW"]:
             results["dW"].append(e.reduce("ReduceSum", b.op1("MatMul", [dz_t, x_kept]), (0,), keepdims=0))
@@ -509,16 +524,52 @@ def _gru_weights(e: _Emit, r_d: str) -> tuple[str, str]:
     return r_zr_t, r_h_t
 
 
-def _gru_biases(e: _Emit, rows: str, linear_before_reset: int) -> tuple[str, str | None]:
-    """(the bias added to X W^T [3H], R_bh [H] where the reset gate multiplies it, else None) from one direction's
-    B as rows [6, H]: Wb_z, Wb_r, Wb_h, Rb_z, Rb_r, Rb_h."""
+def _gru_biases(e: _Emit, rows: str) -> tuple[str, str]:
+    """(the bias added to X W^T [3H], R_bh [H]) for linear_before_reset 1 from one direction's B as rows [6, H]:
+    Wb_z, Wb_r, Wb_h, Rb_z, Rb_r, Rb_h (the reset gate multiplies R_bh)."""
     b = e.b
-    if not linear_before_reset:
-        summed = b.op1("Add", [e.slice(rows, 0, 3, 0), e.slice(rows, 3, 6, 0)])
-        return b.op1("Reshape", [summed, e.ints([-1], "flat")]), None
     zr = b.op1("Add", [e.slice(rows, 0, 2, 0), e.slice(rows, 3, 5, 0)])
     joined = b.op1("Concat", [zr, e.slice(rows, 2, 3, 0)], axis=0)
     return b.op1("Reshape", [joined, e.ints([-1], "flat")]), e.pick(rows, 5, 0)
+
+
+def _packs_biases(e: _Emit) -> bool:
+    """Whether GRU's biases are packed by :func:`_packed_biases`: H static (the onnxruntime target) and the packing
+    at most PACKED_BIAS_LIMIT elements."""
+    return bool(e.hidden) and 36 * e.hidden * e.hidden <= PACKED_BIAS_LIMIT
+
+
+def _packed_biases(e: _Emit, request: LoweringRequest, d: int, io: int) -> list[str]:
+    """Direction d's [Wb_zr + Rb_zr, Wb_h] and [0, 0, Rb_h], [3H] each: B's row times a constant 0/1 matrix (each
+    entry one term or the sum of two, exact like the Adds: the same values) and one Split; GRUGrad emits the same
+    nodes, which onnxruntime's common-subexpression elimination runs once for both."""
+    h = e.hidden
+    # rows Wb_z, Wb_r, Wb_h, Rb_z, Rb_r, Rb_h of B; columns the x bias z, r, h blocks and the padded bias
+    blocks = np.zeros((6, 6), e.np_ct)
+    blocks[[0, 1, 2, 3, 4, 5], [0, 1, 2, 0, 1, 5]] = 1
+    packing = e.b.const(np.kron(blocks, np.eye(h, dtype=e.np_ct)), hint="bias_packing")
+    both = e.b.op1("MatMul", [_drop_direction(e, request, e.up(request.input("B"), io), d), packing])
+    return e.split_node(both, [3 * h, 3 * h], 0)
+
+
+def _gru_training_biases(e: _Emit, request: LoweringRequest, d: int, io: int, linear_before_reset: int,
+                        padded: bool) -> tuple[str | None, str | None]:
+    """Direction d's (bias added to X W^T [3H], R_bh as the body adds it: [0, 0, R_bh] when ``padded``), both None
+    without B. linear_before_reset 0: the sum of B's [2, 3H] rows, one Reshape and one ReduceSum (no Slices, Add,
+    Reshape). 1 and ``padded`` with a small H: B's row times a constant 0/1 matrix makes [Wb_zr + Rb_zr, Wb_h, 0, 0,
+    R_bh] at once (each entry one term or the sum of two, exact like the Adds: the same values), split in two:
+    3 kernels instead of 6 (Reshape, Split, Add, Concat, Reshape, Concat)."""
+    if request.input("B") is None:
+        return None, None
+    if not linear_before_reset:
+        return e.reduce("ReduceSum", _bias_rows(e, request, d, io, 2), (0,), keepdims=0), None
+    if padded and _packs_biases(e):
+        x_bias, rb_h = _packed_biases(e, request, d, io)
+        return x_bias, rb_h
+    x_bias, rb_h = _gru_biases(e, _bias_rows(e, request, d, io, 6))
+    if padded:
+        rb_h = e.b.op1("Concat", [e.b.const(np.zeros(2 * e.hidden, e.np_ct), hint="zeros"), rb_h], axis=0)
+    return x_bias, rb_h
 
 
 @register_rule("gru_training", targets=TARGETS)
@@ -538,19 +589,15 @@ def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
     padded = bool(linear_before_reset and request.input("B") and e.hidden)
     per_direction: dict[str, list[str]] = {role: [] for role in ("HFinal", "packed")}
     for d, backwards in enumerate(_BACKWARDS[attributes.get("direction", "forward")]):
-        w_d, r_d = e.pick(w, d, 0), e.pick(r, d, 0)
+        w_d, r_d = (_drop_direction(e, request, v, d) for v in (w, r))
         projected = b.op1("MatMul", [x, b.op1("Transpose", [w_d], perm=[1, 0])], hint="x_w")
-        bias = _bias_rows(e, request, d, io, 6)
-        rb_h = None
-        if bias is not None:
-            x_bias, rb_h = _gru_biases(e, bias, linear_before_reset)
+        x_bias, rb_h = _gru_training_biases(e, request, d, io, linear_before_reset, padded)
+        if x_bias is not None:
             projected = b.op1("Add", [projected, x_bias])
         x_zr, x_h = e.split(projected, [2, 1], 2)  # for all steps: the scan inputs
         start = _direction_input(e, request, "initial_h", d, io)
         if start is None:
             start = _state_zeros(e, x, r)
-        if padded:
-            rb_h = b.op1("Concat", [b.const(np.zeros(2 * e.hidden, e.np_ct), hint="zeros"), rb_h], axis=0)
         if linear_before_reset:
             weights = [e.weight(r_d)] + ([rb_h] if rb_h else [])
         else:
@@ -611,7 +658,7 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     mask = _step_mask(e, steps, lengths) if lengths else None
     results: dict[str, list[str]] = {role: [] for role in roles}
     for d, backwards in enumerate(_BACKWARDS[attributes.get("direction", "forward")]):
-        w_d, r_d = e.pick(w, d, 0), e.pick(r, d, 0)
+        r_d = _drop_direction(e, request, r, d)
         start, initial = _states(e, request, ("dHFinal", "initial_h"), d, io, x, r)
         h_d, gates_d = e.pick(h_all, d, 1), e.pick(gates, d, 1)
         keep_prev = _step_mask(e, steps, lengths, 1) if lengths and backwards else None
@@ -628,9 +675,10 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         z, reset = e.split(zr, [1, 1], 2)
         if linear_before_reset:  # q = h_prev R_h^T + Rb_h
             q = b.op1("MatMul", [h_prev, r_h_t], hint="q")
-            bias = _bias_rows(e, request, d, io, 6)
-            if bias is not None:
-                q = b.op1("Add", [q, _gru_biases(e, bias, 1)[1]])
+            if request.input("B") is not None and _packs_biases(e):  # R_bh from the forward's packing (shared)
+                q = b.op1("Add", [q, e.slice(_packed_biases(e, request, d, io)[1], 2 * e.hidden, 3 * e.hidden, 0)])
+            elif request.input("B") is not None:
+                q = b.op1("Add", [q, _gru_biases(e, _bias_rows(e, request, d, io, 6))[1]])
         first = b.op1("Concat", [b.op1("Sub", [h_prev, candidate]), q if linear_before_reset else h_prev], axis=2)
         scans = [z, reset, e.one_minus(z), e.one_minus(e.mul(candidate, candidate)), first, zr, e.one_minus(zr)]
         if d_h_all is not None:
@@ -667,28 +715,25 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         results["dH0"].append(finals[0])
         if e.onnxruntime:
             da_zr, da_h = stacked
-            da = b.op1("Concat", stacked, axis=2) if outputs["dX"] or outputs["dW"] or outputs["dB"] else None
+            da = b.op1("Concat", stacked, axis=2) if outputs["dX"] or outputs["dW"] else None
         else:
             (da,) = stacked
             da_zr, da_h = e.split(da, [2, 1], 2)
         if outputs["dX"]:
-            results["dX"].append(b.op1("MatMul", [da, w_d], hint="dx"))
+            results["dX"].append(b.op1("MatMul", [da, _drop_direction(e, request, w, d)], hint="dx"))
         if outputs["dW"]:
             da_t = b.op1("Transpose", [da], perm=[0, 2, 1], hint="da_t")
             results["dW"].append(e.reduce("ReduceSum", b.op1("MatMul", [da_t, x]), (0,)))
-        if outputs["dR"] or outputs["dB"]:
-            if linear_before_reset:  # the h rows see a_h r against h_prev
-                da_h = b.op1("Mul", [da_h, reset])
-                h_rows_of = h_prev
-            else:  # ... or a_h against r h_prev
-                h_rows_of = b.op1("Mul", [reset, h_prev])
+        # the R_h rows see a_h r against h_prev (linear_before_reset), else a_h against r h_prev
+        a_h_rows = b.op1("Mul", [da_h, reset]) if linear_before_reset and (outputs["dR"] or outputs["dB"]) else da_h
         if outputs["dR"]:
+            h_rows_of = h_prev if linear_before_reset else b.op1("Mul", [reset, h_prev])
             zr_rows = b.op1("MatMul", [b.op1("Transpose", [da_zr], perm=[0, 2, 1]), h_prev])
-            h_rows = b.op1("MatMul", [b.op1("Transpose", [da_h], perm=[0, 2, 1]), h_rows_of])
+            h_rows = b.op1("MatMul", [b.op1("Transpose", [a_h_rows], perm=[0, 2, 1]), h_rows_of])
             results["dR"].append(e.reduce("ReduceSum", b.op1("Concat", [zr_rows, h_rows], axis=1), (0,)))
-        if outputs["dB"]:
-            results["dB"].append(b.op1("Concat", [e.reduce("ReduceSum", v, (0, 1), keepdims=0)
-                                                  for v in (da, da_zr, da_h)], axis=0))
+        if outputs["dB"]:  # one ReduceSum of [a_zr, a_h, a_zr, a_h rows] (each column's sum as alone, bit for bit)
+            joined = b.op1("Concat", [da_zr, da_h, da_zr, a_h_rows], axis=2)
+            results["dB"].append(e.reduce("ReduceSum", joined, (0, 1), keepdims=0))
     if outputs["dX"]:
         e.emit("Identity", [e.add(*results["dX"])], outputs["dX"], io)
     for role in ("dW", "dR", "dB", "dH0"):

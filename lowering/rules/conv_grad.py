@@ -2,15 +2,17 @@
 
 - ``dX``: ConvTranspose of dY with the forward kernels (same group, strides, dilations and pads); the
   ``output_padding`` that the strides' floor division dropped is restored, so dX gets X's spatial shape. At
-  stride 1, for depthwise and 1x1 kernels: a Conv of dY with the kernels flipped and in/out channels swapped.
+  stride 1, for depthwise kernels up to 3x3 and 1x1 kernels: a Conv of dY with the kernels flipped and in/out
+  channels swapped.
 - ``dW``: the windows of X (a grouped Conv with constant one-hot kernels, one output channel per input
   channel and kernel offset) times dY, a batched MatMul per image and group, summed over the images
-  (depthwise: a batched matrix-vector MatMul per image and channel, or where small a Conv correlating X's planes
-  with dY's, one group per image and channel; a 1x1 kernel at stride 1 without padding reads X itself, no
-  windows); see :func:`_kernel_gradient` for the measurements against the single Conv that correlates X with
-  dY, the form before.
+  (depthwise: a batched matrix-vector MatMul per image and channel, or where small or the kernel 5x5 and up a
+  Conv correlating X's planes with dY's, one group per image and channel; a 1x1 kernel at stride 1 without
+  padding reads X itself, no windows; one output position per image: the outer products of dY and the windows, a
+  Mul, summed by one ReduceSum); see :func:`_kernel_gradient` for the measurements against the single Conv that
+  correlates X with dY, the form before.
 - ``dB``: dY summed over every axis but 1 (static N and M: over the positions per image, then over the
-  images by a ones MatMul).
+  images by a ones MatMul; one position per image: one ReduceSum).
 
 f16 and f64 are computed in f32 (cast once, rounded once): onnxruntime's CPU provider has no f64 Conv or
 ConvTranspose, and not every build has f16 ones.
@@ -42,7 +44,13 @@ WINDOWS_LIMIT = 8 << 20  # bytes of dW's windows written at once (see _kernel_gr
 # stride 2 0.67, [4, 32, 4^2] 0.81, [4, 16, 6^2] 0.95, [4, 16, 8^2] 1.20)
 CORRELATION_POSITIONS = 36
 CORRELATION_PRODUCTS = 1 << 16
+# a depthwise kernel of at least WIDE_DEPTHWISE offsets (5x5 and up) takes the correlation at any size (one part), and
+# dX by ConvTranspose at stride 1 (see _kernel_gradient and _input_gradient)
+WIDE_DEPTHWISE = 25
 SMALL_POSITIONS = 128  # output positions per image up to which dW's per-image products come in W's layout
+# up to 8 * SMALL_POSITIONS, W's layout also where onnxruntime's GEMM blocks the positions alike in both orientations
+# (the same bits, see _same_gemm_blocks) and the windows have at most SMALL_WINDOWS elements
+SMALL_WINDOWS = 1 << 16
 
 
 def _shape(request: LoweringRequest, name: str):
@@ -91,6 +99,11 @@ def _bias_gradient(e: Emitter, dy: str, request: LoweringRequest, rank: int, por
     n, m = (shape[0], shape[1]) if shape is not None and len(shape) == rank else (None, None)
     if portable or not isinstance(n, int) or not isinstance(m, int):
         return e.reduce("ReduceSum", dy, (0, *range(2, rank)), keepdims=0, output=target)
+    if all(d == 1 for d in shape[2:]):
+        # one position per image (an SE block's 1x1 convs): dY's images summed by one ReduceSum (the unit axes
+        # reduce nothing). It adds them one by one in order, as onnxruntime-training's kernel does (bit-equal to it
+        # at 4, 8 and 16 images; the ones MatMul below is too up to 5 images, not from 6 on): 2 -> 1 kernel
+        return e.reduce("ReduceSum", dy, (0, *range(2, rank)), keepdims=0, output=target)
     b = e.b
     # the trailing axes at once: onnxruntime's ReduceSum merges contiguous reduced axes, so this is the sum over
     # the [N, M, P] view's last axis (bit-identical) without the Reshape to it
@@ -126,7 +139,13 @@ def _input_gradient(e: Emitter, request: LoweringRequest, params: ConvParameters
     reach = [params.dilations[a] * (kernel[a] - 1) for a in range(spatial)]
     flipped_pads = [reach[a % spatial] - params.pads[a] for a in range(2 * spatial)]
     one_term_sums = math.prod(kernel) == 1 or w_shape[0] == params.group  # 1x1, or one dY channel per dX channel
-    if e.b.opset >= 10 and one_term_sums and all(s == 1 for s in params.strides) and all(q >= 0 for q in flipped_pads):
+    # a depthwise kernel of 5x5 and up: the ConvTranspose, 1 kernel instead of Slice + Conv and faster (one node, 1
+    # thread, ConvTranspose/Conv time: 7x7 [4, 16, 4^2] 0.75, [4, 8, 8^2] 0.77, [4, 16, 16^2] 0.79, [4, 64, 4^2] 0.74,
+    # [32, 96, 8^2] 0.76; 5x5 [4, 16, 4^2] 0.82, [4, 8, 8^2] 0.80; 3x3 [4, 16, 4^2] 1.07-1.10, so 3x3 keeps the Conv);
+    # its per-offset products summed offset by offset are onnxruntime-training's kernel's own bits
+    wide = w_shape[1] == 1 and w_shape[0] == params.group and math.prod(kernel) >= WIDE_DEPTHWISE
+    if e.b.opset >= 10 and one_term_sums and not wide and all(s == 1 for s in params.strides) and \
+            all(q >= 0 for q in flipped_pads):
         # stride 1: dX is the correlation of dY with the kernels flipped and their in/out channels swapped per
         # group, a Conv, which onnxruntime runs 1.4-15x faster than the ConvTranspose (one-op models, batch 32,
         # 2 threads: depthwise 3x3 48 channels at 32^2 1.84 against 4.27 ms, 576 at 4^2 0.34 against 5.05; 1x1
@@ -205,9 +224,15 @@ def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameter
     # nor the Reshape before it: cnn's 3x3 nodes 9 -> 7 kernels). The same bits as the windows times dY's transpose
     # while onnxruntime's GEMM sums the positions in one block (<= 128 in either orientation)
     weight_layout = depthwise or (positions is not None and positions <= SMALL_POSITIONS)
+    if not weight_layout and positions is not None and positions <= 8 * SMALL_POSITIONS and \
+            isinstance(images, int) and images * channels * k * positions <= SMALL_WINDOWS:
+        # more positions, small windows (a first conv at 16^2: [4, 3, 16^2] 3x3 2 kernels fewer, 0.95 of the time):
+        # W's layout where onnxruntime's GEMM blocks the positions alike in both orientations (the same bits)
+        weight_layout = _same_gemm_blocks(per_group * k, m // group, positions)
     lead = [0, group] if group > 1 else [0]  # group 1: [n, C*K, P] and [n, M, P], as a 1-D conv gives them
 
     correlation = _depthwise_correlation(params, x_shape, dy_shape, kernel) if depthwise and len(xs) == 1 else None
+    outer = positions == 1 and group == 1 and correlation is None  # one position per image: outer products
 
     def per_image(i: int) -> str:
         if correlation is not None:
@@ -219,6 +244,12 @@ def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameter
             return b.op1("Conv", [x_planes, dy_kernels], group=n_c, kernel_shape=list(dy_shape[2:]),
                          strides=list(params.dilations), dilations=list(params.strides), pads=correlation)
         cols = _windows(e, xs[i], channels, kernel, k, params)
+        if outer:
+            # one position per image (an SE block's 1x1 convs): each image's product is the outer product of its dY
+            # and window columns, a Mul of dY [n, M, 1...] with the columns as [n, 1, C*K, 1...] (one view, no
+            # MatMul; round(dy * x) as the MatMul's one product per element), summed over the images below
+            cols = b.op1("Reshape", [cols, e.ints([0, 1, -1, *[1] * (rank - 3)], "col_row")])
+            return b.op1("Mul", [dys[i], cols])  # [n, M, C*K, 1...]
         if depthwise:  # per image and channel, the K windows times dY's plane
             cols = b.op1("Reshape", [cols, e.ints([0, channels, k, -1], "cols")])  # [n, C, K, P]
             dy_planes = b.op1("Reshape", [dys[i], e.ints([0, channels, -1, 1], "dy_planes")])  # [n, C, P, 1]
@@ -238,6 +269,12 @@ def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameter
     def total(target: str | None) -> str:
         """The per-image products summed over every image: dW's shape (W's layout), else [g, C/g*K, M/g]."""
         shape = list(w_shape) if weight_layout else [group, per_group * k, m // group]
+        if outer and len(xs) == 1:
+            # the outer products [n, M, C*K, 1...] summed by one ReduceSum over the images, in image order as
+            # onnxruntime-training's kernel adds them (bit-equal to it at 4, 8 and 16 images; the ones MatMul of
+            # _image_sum is too up to 5 images, not from 6 on): no Reshape to rows, 1 kernel fewer
+            summed = e.reduce("ReduceSum", per_image(0), (0,), keepdims=0)  # [M, C*K, 1...]
+            return b.op1("Reshape", [summed, e.ints(shape, "summed")], target)
         sums = [_image_sum(e, per_image(i), sizes[i] if len(xs) > 1 else images, shape,
                            target if len(xs) == 1 else None) for i in range(len(xs))]
         return sums[0] if len(sums) == 1 else b.op1("Sum", sums, target)
@@ -255,8 +292,12 @@ def _depthwise_correlation(params: ConvParameters, x_shape, dy_shape, kernel) ->
     if x_shape is None or dy_shape is None or not all(isinstance(d, int) for d in (*x_shape, *dy_shape)):
         return None
     positions = math.prod(dy_shape[2:])
-    if positions > CORRELATION_POSITIONS or \
-            x_shape[0] * x_shape[1] * math.prod(kernel) * positions > CORRELATION_PRODUCTS:
+    # a kernel of 5x5 and up at any size: its windows cost more than the correlation (one node, 1 thread, dX+dW,
+    # correlation/windows time: 7x7 [4, 8, 8^2] 0.59-0.66, [4, 8, 16^2] 0.46, [4, 32, 8^2] 0.40-0.52, [4, 8, 32^2]
+    # 0.49-0.52; 5x5 [4, 8, 8^2] 0.72-0.76; 3x3 [4, 16, 8^2] 1.18, so 3x3 keeps the limits)
+    if math.prod(kernel) < WIDE_DEPTHWISE and (positions > CORRELATION_POSITIONS or
+                                               x_shape[0] * x_shape[1] * math.prod(kernel) * positions >
+                                               CORRELATION_PRODUCTS):
         return None
     spatial = len(kernel)
     ends = []
@@ -267,6 +308,29 @@ def _depthwise_correlation(params: ConvParameters, x_shape, dy_shape, kernel) ->
             return None
         ends.append(params.pads[a + spatial] - unread)
     return [*params.pads[:spatial], *ends]
+
+
+def _gemm_k_block(columns: int, depth: int) -> int:
+    """How many of its ``depth`` products onnxruntime's f32 GEMM (MLAS) sums in one block for an output of
+    ``columns`` columns, the blocks then added in order: MlasSgemmOperation's StrideK, 128 to start, halved with
+    StrideN doubled while at least twice the depth where columns >= depth, else doubled with StrideN halved while
+    StrideN stays above 16 and at least twice the columns."""
+    stride_n, stride_k = 128, 128
+    if columns >= depth:
+        while stride_k // 2 >= depth:
+            stride_k, stride_n = stride_k // 2, stride_n * 2
+    else:
+        while stride_n > 16 and stride_n // 2 >= columns:
+            stride_k, stride_n = stride_k * 2, stride_n // 2
+    return stride_k
+
+
+def _same_gemm_blocks(window_columns: int, outputs: int, positions: int) -> bool:
+    """Whether dY [M/g, P] times the windows' transpose (``window_columns`` = C/g*K output columns) sums the
+    positions in the same blocks as the windows [C/g*K, P] times dY's transpose (M/g columns), so gives the same
+    bits: one block each, or blocks of one size (checked on 384 shapes, P 100-2048)."""
+    a, b = _gemm_k_block(window_columns, positions), _gemm_k_block(outputs, positions)
+    return a == b or min(a, b) >= positions
 
 
 def _view(e: Emitter, name: str, rank: int, shape: list[int], hint: str) -> str:

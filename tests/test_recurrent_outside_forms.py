@@ -144,10 +144,14 @@ def test_gru_linear_after_reset_bias_is_one_row_sum(op):
     assert all(np.array_equal(got[k], v) for k, v in want.items())
 
 
-def test_gru_grad_bias_is_one_reduce_sum():
-    """GRUGrad's dB: one ReduceSum of [a_zr, a_h, a_zr, a_h r] joined (dW and dR one each)."""
-    model, _ = _case("GRUGrad", "forward")
-    assert _outside(_lowered(model))["ReduceSum"] == 3
+@pytest.mark.parametrize("lbr", [0, 1])
+def test_gru_grad_bias_and_recurrent_weights(lbr):
+    """GRUGrad's dB: one ReduceSum of [a_zr, a_h, a_zr, a_h r] joined (dW and dR one each); dR with
+    linear_before_reset 1 one product of [a_zr, a_h r]^T and h_prev (with 0 the R_h rows read r h_prev: two)."""
+    model, _ = _case("GRUGrad", "forward", lbr=lbr)
+    ops = _outside(_lowered(model))
+    # dX, dW and dR's products; with linear_before_reset 1 also q = h_prev R_h^T and the bias packing
+    assert ops["ReduceSum"] == 3 and ops["MatMul"] == (5 if lbr else 4)
 
 
 @pytest.mark.parametrize("shape", [(5, 3, 6), (4, 3, 3), (50, 32, 128), (7, 1, 5)])

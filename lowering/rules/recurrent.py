@@ -726,10 +726,13 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
             results["dW"].append(e.reduce("ReduceSum", b.op1("MatMul", [da_t, x]), (0,)))
         # the R_h rows see a_h r against h_prev (linear_before_reset), else a_h against r h_prev
         a_h_rows = b.op1("Mul", [da_h, reset]) if linear_before_reset and (outputs["dR"] or outputs["dB"]) else da_h
-        if outputs["dR"]:
-            h_rows_of = h_prev if linear_before_reset else b.op1("Mul", [reset, h_prev])
+        if outputs["dR"] and linear_before_reset:  # every row against h_prev: one product of [a_zr, a_h r]^T
+            rows = b.op1("Concat", [da_zr, a_h_rows], axis=2)  # (each entry the same dot product as per part)
+            results["dR"].append(e.reduce("ReduceSum", b.op1("MatMul", [b.op1("Transpose", [rows], perm=[0, 2, 1]),
+                                                                      h_prev]), (0,)))
+        elif outputs["dR"]:
             zr_rows = b.op1("MatMul", [b.op1("Transpose", [da_zr], perm=[0, 2, 1]), h_prev])
-            h_rows = b.op1("MatMul", [b.op1("Transpose", [a_h_rows], perm=[0, 2, 1]), h_rows_of])
+            h_rows = b.op1("MatMul", [b.op1("Transpose", [a_h_rows], perm=[0, 2, 1]), b.op1("Mul", [reset, h_prev])])
             results["dR"].append(e.reduce("ReduceSum", b.op1("Concat", [zr_rows, h_rows], axis=1), (0,)))
         if outputs["dB"]:  # one ReduceSum of [a_zr, a_h, a_zr, a_h rows] (each column's sum as alone, bit for bit)
             joined = b.op1("Concat", [da_zr, da_h, da_zr, a_h_rows], axis=2)

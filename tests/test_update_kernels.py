@@ -65,3 +65,53 @@ def test_flat_state_cuts_the_corrections_by_one_split(target):
         assert each.count("Slice") == 2
     else:
         assert flat.count("Split") == each.count("Split") == 0 and flat.count("Slice") > 2
+
+
+# -- the flat state's views of the training graph's axis-0 Split / Concat chains ---------------------------------
+
+def _trainer_run(directory: Path, steps: int) -> tuple[list[float], dict[str, np.ndarray], list[np.ndarray]]:
+    import json
+
+    from lowering.training.trainer import Trainer, initial_parameters, lower_artifacts
+
+    meta = json.loads((directory / "meta.json").read_text())
+    models = lower_artifacts(directory)
+    start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")))
+    data = dict(np.load(directory / "data.npz"))
+    batch = {models.step.interface.data[0]: data["input"], meta["labels_input"]: data["labels"]}
+    trainer = Trainer(models, start, learning_rate=meta["learning_rate"], threads=1)
+    losses = [trainer.step(batch) for _ in range(steps)]
+    return losses, trainer.params, [*trainer.first_moments, *trainer.second_moments]
+
+
+@pytest.mark.parametrize("name", ["lstm", "lstm2", "gru"])
+def test_recurrent_gate_reorders_cut_from_the_flat_state_give_the_same_bits(name, monkeypatch):
+    """torch's recurrent exports reorder every weight's and bias's gates (Split, Concat, Unsqueeze) forwards and
+    their gradients' backwards (Squeeze, Split, Concat): in the flat state form these chains are views of the flat
+    buffers (the reordered weights one Concat of the flat Split's pieces and a Reshape; the gradients' sources
+    flattened and split once), in fewer kernels, and three steps give the chains' bits."""
+    import lowering.training.train_step as ts
+
+    directory = ARTIFACTS / name
+    viewed = train_step(directory, flat_state=True)
+    ran = _trainer_run(directory, 3)
+    monkeypatch.setattr(ts, "static_shapes", lambda model: {})  # no shapes: the chains run as they are
+    plain = train_step(directory, flat_state=True)
+    assert viewed.interface == plain.interface
+
+    def kernels(step) -> list[str]:
+        return [n.op_type for n in step.model.graph.node if n.op_type not in ("Constant", "Identity")]
+
+    def reorders(step) -> list[str]:
+        # the forward gate Splits of the weights and biases (fused from torch's Slices) and their gradients' Concats
+        return [n.name for n in step.model.graph.node if "GatherSliceToSplitFusion" in n.name]
+
+    assert reorders(plain) and not reorders(viewed)
+    layers = 2 if name == "lstm2" else 1
+    assert len(kernels(plain)) - len(kernels(viewed)) >= 10 * layers
+    reference = _trainer_run(directory, 3)
+    assert ran[0] == reference[0]
+    for p in reference[1]:
+        assert ran[1][p].tobytes() == reference[1][p].tobytes(), p
+    for got, want in zip(ran[2], reference[2], strict=True):
+        assert got.tobytes() == want.tobytes()

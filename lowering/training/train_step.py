@@ -34,6 +34,7 @@ from lowering.builder import NodeBuilder
 from lowering.modelio import load_model
 from lowering.passes import lower_runnable
 from lowering.rules.training_updates import AdamW, StepScalars, sgd_update
+from lowering.static_shapes import static_shapes
 from lowering.training.checkpoint import CheckpointError, read_checkpoint
 from lowering.training.portable_std import spell_out_for_portable
 from opdef.errors import LoweringError, ModelError, OplowerError
@@ -267,9 +268,12 @@ def _append_updates(model: onnx.ModelProto, interface: TrainStepInterface, gradi
     new_outputs = [outputs[interface.loss]]
     scalars = adamw.step_scalars(b, lr, step, stacked=one_d, portable=portable, split=flat_state) if adamw else None
     flat_groups = []
+    # the values' static shapes, for the flat state's views (onnxruntime target: the portable one has no Split)
+    shapes = static_shapes(model) if flat_state and not portable and any(len(g) > 1 for g in groups) else None
     for group in groups:
         if flat_state and len(group) > 1:
-            flat_groups.append(_flat_state_update(b, lr, scalars, adamw, group, gradients, inputs, portable, taken))
+            flat_groups.append(_flat_state_update(b, lr, scalars, adamw, group, gradients, inputs, portable, taken,
+                                                  graph, shapes))
         else:
             _flat_update(b, lr, scalars, adamw, group, gradients, inputs, portable)
     interface = dataclasses.replace(interface, flat=tuple(flat_groups))
@@ -459,39 +463,66 @@ def _flat_update(b: NodeBuilder, lr: str, scalars: StepScalars | None, adamw: Ad
 
 def _flat_state_update(b: NodeBuilder, lr: str, scalars: StepScalars | None, adamw: AdamW | None, group: list[str],
                        gradients: dict[str, str], inputs: Mapping[str, onnx.ValueInfoProto], portable: bool,
-                       taken: set[str]) -> FlatState:
+                       taken: set[str], graph: onnx.GraphProto, shapes: dict[str, list[int | None]] | None
+                       ) -> FlatState:
     """The flat state form of :func:`_flat_update`: the group's parameters (and moments) arrive as one flat
     input each, the parameters are cut out of it for the forward and backward pass (one Split, a Reshape per
     parameter of rank other than 1), the gradients are flattened into one tensor (a Reshape per such gradient,
     one Concat), and the update's elementwise chain writes the flat outputs itself: about 2 kernels per
-    parameter, against 7 when every parameter and moment is an input and an output of its own."""
+    parameter, against 7 when every parameter and moment is an input and an output of its own. With ``shapes``
+    (the values' static shapes), the axis-0 Split / Concat chains the training graph runs on parameters and
+    gradients (torch's recurrent gate reorders) are cut from the flat buffers as they are (:func:`_param_views`,
+    :func:`_gradient_pieces`)."""
     elem = inputs[group[0]].type.tensor_type.elem_type
-    shapes = tuple(_static_shape(inputs[p]) for p in group)
+    shapes_of = tuple(_static_shape(inputs[p]) for p in group)
     suffix = np.dtype(helper.tensor_dtype_to_np_dtype(elem)).name
     names = tuple(f"flat{kind}.{suffix}" for kind in (".params", *((FIRST_MOMENT, SECOND_MOMENT) if adamw else ())))
     clash = [n for n in names if n in taken or f"{n}.updated" in taken]
     if clash:
         raise ModelError(f"the training model already has a value named {clash[0]!r} (the train-step model's "
                          "flat state input)")
-    state = FlatState(tuple(group), shapes, elem, names)
-    flat = [len(shape) == 1 for shape in shapes]
+    state = FlatState(tuple(group), shapes_of, elem, names)
     sizes = list(state.sizes)
-    # the parameters out of the flat input, under their own names (what the training graph reads)
-    pieces = [p if is_flat else b.fresh("piece") for p, is_flat in zip(group, flat, strict=True)]
+    starts = [int(x) for x in np.cumsum([0, *sizes[:-1]])]
+    spans = {p: [(start, start + size)] for p, start, size in zip(group, starts, sizes, strict=True)}
+    # {value: (flat ranges, shape)} to cut out of the flat input, and the training graph's nodes they replace
+    views, replaced = _param_views(graph, spans, shapes) if shapes is not None else ({}, [])
+    ids = {id(n) for n in replaced}
+    readers = _readers(graph) if replaced else {}
+    for p, shape in zip(group, shapes_of, strict=True):  # a parameter read by anything else: its own view
+        if not replaced or _read_outside(readers, set(), p, ids):
+            views[p] = (spans[p], shape)
+    if replaced:
+        kept = [n for n in graph.node if id(n) not in ids]
+        del graph.node[:]
+        graph.node.extend(kept)
+    bounds = sorted({0, state.size} | {x for ranges, _ in views.values() for r in ranges for x in r})
+    cuts = list(zip(bounds[:-1], bounds[1:], strict=True))
+    users = {c: sum(a <= c[0] and c[1] <= z for ranges, _ in views.values() for a, z in ranges) for c in cuts}
+    # a 1-D view that is one piece read by no other view is the Split's output itself
+    direct = {ranges[0]: v for v, (ranges, shape) in views.items()
+              if len(ranges) == 1 and len(shape) == 1 and ranges[0] in users and users[ranges[0]] == 1}
+    pieces = [direct.get(c) or b.fresh("piece") for c in cuts]
     if portable:
-        for end, size, piece in zip(np.cumsum(sizes), sizes, pieces, strict=True):
-            b.op1("Slice", [names[0], b.const(np.array([end - size], np.int64), hint="start"),
+        for (start, end), piece in zip(cuts, pieces, strict=True):
+            b.op1("Slice", [names[0], b.const(np.array([start], np.int64), hint="start"),
                             b.const(np.array([end], np.int64), hint="end")], piece)
     elif b.opset < 13:  # the sizes an attribute
-        b.op("Split", [names[0]], pieces, axis=0, split=sizes)
+        b.op("Split", [names[0]], pieces, axis=0, split=[z - a for a, z in cuts])
     else:
-        b.op("Split", [names[0], b.const(np.array(sizes, np.int64), hint="sizes")], pieces, axis=0)
-    for piece, p, shape, is_flat in zip(pieces, group, shapes, flat, strict=True):
-        if not is_flat:
-            b.op1("Reshape", [piece, b.const(np.array(shape, np.int64), hint="shape")], p)
-    flat_shape = b.const(np.array([-1], np.int64), hint="flat")
-    g = b.op1("Concat", [gradients[p] if is_flat else b.op1("Reshape", [gradients[p], flat_shape])
-                         for p, is_flat in zip(group, flat, strict=True)], axis=0, hint="flat_gradients")
+        b.op("Split", [names[0], b.const(np.array([z - a for a, z in cuts], np.int64), hint="sizes")], pieces, axis=0)
+    piece_of = dict(zip(cuts, pieces, strict=True))
+    for value, (ranges, shape) in views.items():
+        if direct.get(ranges[0]) == value and len(ranges) == 1:
+            continue
+        parts = [piece_of[c] for a, z in ranges for c in cuts if a <= c[0] and c[1] <= z]
+        if len(shape) == 1:
+            b.op1("Concat", parts, value, axis=0) if len(parts) > 1 else b.op1("Identity", parts, value)
+        else:
+            joined = b.op1("Concat", parts, axis=0, hint="view") if len(parts) > 1 else parts[0]
+            b.op1("Reshape", [joined, b.const(np.array(shape, np.int64), hint="shape")], value)
+    g = b.op1("Concat", _gradient_pieces(b, graph, [gradients[p] for p in group], shapes_of, shapes),
+              axis=0, hint="flat_gradients")
     first = len(b.nodes)  # the update's nodes: their results are renamed to the outputs
     if adamw is None:
         results = (sgd_update(b, lr, names[0], g),)
@@ -502,6 +533,255 @@ def _flat_state_update(b: NodeBuilder, lr: str, scalars: StepScalars | None, ada
         node.input[:] = [renamed.get(n, n) for n in node.input]
         node.output[:] = [renamed.get(n, n) for n in node.output]
     return state
+
+
+# -- the flat state's views: axis-0 Split / Concat chains on parameters and gradients ---------------------------
+
+_VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten")  # the same elements in the same order
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """What a node reads: its inputs and its subgraphs' outer reads (recurrent Scan bodies read weights by name)."""
+    reads = set(node.input)
+    for attr in node.attribute:
+        for body in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+            reads |= _outer_reads(body)
+    return reads
+
+
+def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for value in _reads(node):
+            readers.setdefault(value, []).append(node)
+    return readers
+
+
+def _read_outside(readers: Mapping[str, list[onnx.NodeProto]], outputs: set[str], value: str, ids: set[int]
+                  ) -> bool:
+    """Whether ``value`` is an output or read by a node whose id is not in ``ids``."""
+    return value in outputs or any(id(n) not in ids for n in readers.get(value, ()))
+
+
+def _axis0_view(node: onnx.NodeProto, shapes: Mapping[str, list[int | None]]) -> bool:
+    """A node whose outputs are contiguous ranges of its inputs' elements (row-major), shapes static: a Split or
+    Concat along axis 0, a Reshape-like."""
+    if node.domain not in ("", "ai.onnx") or not node.input:
+        return False
+    data = list(node.input) if node.op_type == "Concat" else [node.input[0]]
+    known = [shapes.get(v) for v in (*data, *node.output)]
+    if any(s is None or None in s for s in known):
+        return False
+    if node.op_type in _VIEW_OPS:
+        return True
+    if node.op_type not in ("Split", "Concat"):
+        return False
+    axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+    return axis in (0, -len(known[0]))
+
+
+def _cut(ranges: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    """Elements [start, end) of the concatenation of ``ranges``."""
+    out, offset = [], 0
+    for a, z in ranges:
+        lo, hi = max(start, offset), min(end, offset + z - a)
+        if lo < hi:
+            out.append((a + lo - offset, a + hi - offset))
+        offset += z - a
+    return _merged(out)
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, z in ranges:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], z)
+        else:
+            out.append((a, z))
+    return out
+
+
+def _pieces(ranges: list[tuple[int, int]], bounds: set[int]) -> int:
+    """How many pieces of the flat buffer cut at ``bounds`` make up ``ranges``."""
+    return sum(1 + sum(a < x < z for x in bounds) for a, z in ranges)
+
+
+def _components(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Union-find over values: {value: its component's representative}."""
+    parent: dict[str, str] = {}
+
+    def find(v: str) -> str:
+        parent.setdefault(v, v)
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    for a, z in pairs:
+        parent[find(a)] = find(z)
+    return {v: find(v) for v in list(parent)}
+
+
+def _param_views(graph: onnx.GraphProto, spans: dict[str, list[tuple[int, int]]],
+                 shapes: Mapping[str, list[int | None]]) -> tuple[dict, list[onnx.NodeProto]]:
+    """The training graph's axis-0 Split / Concat chains on the flat state's parameters (torch's recurrent exports
+    reorder the gates of every weight and bias: Split, Concat, Unsqueeze), as views of the flat input: ({value read
+    by anything else: (its flat ranges, shape)}, the nodes they replace). Taken per connected chain where it runs
+    fewer kernels than the parameters' own views plus the chain (each view a Reshape and, where it is not one
+    range, a Concat of the flat Split's pieces): the same elements, so the same bits."""
+    ranges = dict(spans)
+    chain = []
+    for node in graph.node:  # in order: a node's inputs come before it
+        data = list(node.input) if node.op_type == "Concat" else list(node.input[:1])
+        if not data or any(v not in ranges for v in data) or not _axis0_view(node, shapes):
+            continue
+        if node.op_type == "Split":
+            offset = 0
+            for out in node.output:
+                size = int(np.prod(shapes[out], dtype=np.int64))
+                ranges[out] = _cut(ranges[data[0]], offset, offset + size)
+                offset += size
+        elif node.op_type == "Concat":
+            ranges[node.output[0]] = _merged([r for v in data for r in ranges[v]])
+        else:
+            ranges[node.output[0]] = ranges[data[0]]
+        chain.append(node)
+    if not chain:
+        return {}, []
+    component = _components((v, o) for n in chain for v in (n.input if n.op_type == "Concat" else n.input[:1])
+                            for o in n.output)
+    readers, outputs = _readers(graph), {o.name for o in graph.output}
+    views, replaced = {}, []
+    for root in {component[p] for p in spans if p in component}:
+        nodes = [n for n in chain if component[n.output[0]] == root]
+        ids = {id(n) for n in nodes}
+        values = [v for v in ranges if component.get(v) == root]
+        read = {v: (ranges[v], shapes[v]) for v in values
+                if v not in spans and _read_outside(readers, outputs, v, ids)}
+        params = [p for p in spans if component.get(p) == root]
+        own = {p: (spans[p], None) for p in params if _read_outside(readers, outputs, p, ids)}
+        bounds = {x for p in params for x in spans[p][0]} | {x for r, _ in (*read.values(), *own.values())
+                                                               for a in r for x in a}
+
+        rank = {p: len(shapes.get(p) or ()) for p in params}
+        before = sum(rank[p] != 1 for p in params) + sum(n.op_type != "Identity" for n in nodes)
+        after = sum((_pieces(r, bounds) > 1) + (s is None and rank[v] != 1 or s is not None and len(s) != 1)
+                    for v, (r, s) in (*read.items(), *own.items()))
+        if after < before:
+            views.update({v: (r, tuple(s)) for v, (r, s) in read.items()})
+            replaced += nodes
+    return views, replaced
+
+
+def _gradient_pieces(b: NodeBuilder, graph: onnx.GraphProto, grads: list[str],
+                     param_shapes: tuple[tuple[int, ...], ...], shapes: Mapping[str, list[int | None]] | None
+                     ) -> list[str]:
+    """The flat gradient's Concat inputs: each gradient flattened (a Reshape where its rank is not 1), or, where a
+    gradient is an axis-0 Concat / Split chain read by nothing else (torch's recurrent gate reorders: Squeeze,
+    Split, Concat), the pieces of its sources, flattened and split once each: the same elements in the same
+    order, in fewer kernels (taken per connected chain where it runs fewer)."""
+    flat_shape = None
+
+    def flat(value: str, rank: int) -> str:
+        nonlocal flat_shape
+        if rank == 1:
+            return value
+        flat_shape = flat_shape or b.const(np.array([-1], np.int64), hint="flat")
+        return b.op1("Reshape", [value, flat_shape])
+
+    chain: dict[str, onnx.NodeProto] = {}
+    if shapes is not None:
+        producer = {o: n for n in graph.node for o in n.output}
+        stack = list(grads)
+        while stack:
+            node = producer.get(stack.pop())
+            if node is not None and node.output[0] not in chain and _axis0_view(node, shapes):
+                chain.update((o, node) for o in node.output)
+                stack += list(node.input) if node.op_type == "Concat" else [node.input[0]]
+        # the gradients are the training graph's outputs until the train step's replace them
+        outputs = {v.name for v in graph.output} - set(grads)
+        readers = _readers(graph)
+        while True:  # a node stays in the chain while each of its outputs is read by chain nodes alone
+            nodes = list({id(n): n for n in chain.values()}.values())
+            inside = {id(n) for n in nodes}
+            dropped = [n for n in nodes for o in n.output
+                       if grads.count(o) > 1 or _read_outside(readers, outputs, o, inside)]
+            if not dropped:
+                break
+            for n in dropped:
+                for o in n.output:
+                    chain.pop(o, None)
+
+    def segments(value: str) -> list[tuple[str, int, int]]:
+        node = chain.get(value)
+        if node is None:
+            return [(value, 0, int(np.prod(shapes[value] if shapes and value in shapes else (0,), dtype=np.int64)))]
+        if node.op_type == "Concat":
+            return [s for v in node.input for s in segments(v)]
+        source = segments(node.input[0])
+        if node.op_type != "Split":
+            return source
+        offset = sum(int(np.prod(shapes[o], dtype=np.int64)) for o in node.output[:list(node.output).index(value)])
+        size = int(np.prod(shapes[value], dtype=np.int64))
+        out, at = [], 0
+        for root, a, z in source:
+            lo, hi = max(offset, at), min(offset + size, at + z - a)
+            if lo < hi:
+                out.append((root, a + lo - at, a + hi - at))
+            at += z - a
+        return out
+
+    per_grad = {g: segments(g) if g in chain else None for g in grads}
+    component = _components((g, root) for g, segs in per_grad.items() if segs for root, _, _ in segs)
+    taken: set[str] = set()
+    for rep in set(component.values()):
+        members = [g for g in grads if per_grad[g] and component.get(g) == rep]
+        nodes = {id(n): n for v, n in chain.items() if any(v == g or _upstream(chain, g, v) for g in members)}
+        roots = {root for g in members for root, _, _ in per_grad[g]}
+        before = sum(len(shapes[g]) != 1 for g in members) + sum(n.op_type != "Identity" for n in nodes.values())
+        after = 0
+        for root in roots:
+            segs = {(a, z) for g in members for r, a, z in per_grad[g] if r == root}
+            size = int(np.prod(shapes[root], dtype=np.int64))
+            after += (len(shapes[root]) != 1) + (segs != {(0, size)})
+        if after < before:
+            taken.update(members)
+    # each root of the taken chains flattened and split once at every boundary its segments need
+    cuts: dict[str, dict[tuple[int, int], str]] = {}
+    for root in dict.fromkeys(r for g in grads if g in taken for r, _, _ in per_grad[g]):
+        size = int(np.prod(shapes[root], dtype=np.int64))
+        bounds = sorted({0, size} | {x for g in grads if g in taken for r, a, z in per_grad[g] if r == root
+                                     for x in (a, z)})
+        whole = flat(root, len(shapes[root]))
+        spans = list(zip(bounds[:-1], bounds[1:], strict=True))
+        if len(spans) == 1:
+            cuts[root] = {spans[0]: whole}
+            continue
+        outs = [b.fresh("piece") for _ in spans]
+        if b.opset < 13:
+            b.op("Split", [whole], outs, axis=0, split=[z - a for a, z in spans])
+        else:
+            b.op("Split", [whole, b.const(np.array([z - a for a, z in spans], np.int64), hint="sizes")], outs, axis=0)
+        cuts[root] = dict(zip(spans, outs, strict=True))
+    out = []
+    for g, shape in zip(grads, param_shapes, strict=True):
+        if g not in taken:
+            out.append(flat(g, len(shape)))
+            continue
+        for root, a, z in per_grad[g]:
+            out += [piece for (lo, hi), piece in cuts[root].items() if a <= lo and hi <= z]
+    return out
+
+
+def _upstream(chain: dict[str, onnx.NodeProto], value: str, target: str) -> bool:
+    """Whether ``target`` is an output of a chain node ``value`` is computed through."""
+    node = chain.get(value)
+    if node is None:
+        return False
+    if target in node.output:
+        return True
+    reads = node.input if node.op_type == "Concat" else node.input[:1]
+    return any(_upstream(chain, v, target) for v in reads)
 
 
 def _like(value_info: onnx.ValueInfoProto, name: str) -> onnx.ValueInfoProto:

@@ -15,6 +15,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+from test_portable import _run as _run_any
 from test_recurrent import (
     GRAD_IN,
     GRAD_OUT,
@@ -24,6 +25,7 @@ from test_recurrent import (
     GRU_OUT,
     LSTM_IN,
     LSTM_OUT,
+    _close,
     _grad_feeds,
     _gru_grad_feeds,
     _gru_inputs,
@@ -33,6 +35,7 @@ from test_recurrent import (
 )
 
 from lowering.rules.recurrent import PACKED_BIAS_LIMIT
+from runtime import reference_recurrent as ref
 from runtime.session import run_model
 
 
@@ -45,17 +48,17 @@ def _readers(model: onnx.ModelProto, name: str) -> list[str]:
     return [n.op_type for n in model.graph.node if name in n.input]
 
 
-def _case(op: str, direction: str, lbr: int = 1, hidden: int = 3):
+def _case(op: str, direction: str, lbr: int = 1, hidden: int = 3, state: bool = True):
     rng = np.random.default_rng(50)
     d = 2 if direction == "bidirectional" else 1
     attrs = {"direction": direction, "hidden_size": hidden}
     if op.startswith("LSTM"):
-        fwd = _lstm_inputs(rng, directions=d, hidden=hidden)
+        fwd = _lstm_inputs(rng, directions=d, hidden=hidden, state=state)
         if op == "LSTMTraining":
             return _model(op, fwd, LSTM_IN, LSTM_OUT, attrs), fwd
         feeds = _grad_feeds(rng, fwd, direction)
         return _model(op, feeds, GRAD_IN, GRAD_OUT, attrs), feeds
-    fwd = _gru_inputs(rng, directions=d, hidden=hidden)
+    fwd = _gru_inputs(rng, directions=d, hidden=hidden, state=state)
     attrs["linear_before_reset"] = lbr
     if op == "GRUTraining":
         return _model(op, fwd, GRU_IN, GRU_OUT, attrs), fwd
@@ -179,3 +182,21 @@ def test_reduce_sum_of_joined_parts_is_each_parts_sum(shape):
     joined, a, b, c = ort.InferenceSession(model.SerializeToString(), options,
                                            providers=["CPUExecutionProvider"]).run(None, parts)
     assert np.array_equal(joined, np.concatenate([a, b, a, c]))
+
+
+@pytest.mark.parametrize("runtime", ["openvino", "tract", "reference"])
+@pytest.mark.parametrize("op, lbr", [("LSTMTraining", 1), ("LSTMGrad", 1), ("GRUTraining", 0), ("GRUTraining", 1),
+                                     ("GRUGrad", 0), ("GRUGrad", 1)])
+def test_one_direction_portable_forms_in_every_runtime(op, lbr, runtime, tmp_path):
+    """The portable target's one-direction forms (W, R, initial states squeezed; GRU's x bias the sum of B's rows
+    with linear_before_reset 0) in the other runtimes, against the float64 reference. OpenVINO runs GRUGrad
+    without initial_h: it folds h_prev's Unsqueeze of the squeezed (or, before, gathered) initial_h into the input,
+    whose port test_portable's runner then finds under the Unsqueeze's name."""
+    model, feeds = _case(op, "forward", lbr=lbr, state=not (runtime == "openvino" and op == "GRUGrad"))
+    names = {"LSTMTraining": LSTM_IN, "LSTMGrad": GRAD_IN, "GRUTraining": GRU_IN, "GRUGrad": GRU_GRAD_IN}[op]
+    attrs = {} if op.startswith("LSTM") else {"linear_before_reset": lbr}
+    want = getattr(ref, {"LSTMTraining": "lstm_training", "LSTMGrad": "lstm_grad", "GRUTraining": "gru_training",
+                         "GRUGrad": "gru_grad"}[op])(*(feeds[n] for n in names), **attrs)
+    got = _run_any(runtime, _lowered(model, "portable"), {k: v for k, v in feeds.items() if v is not None}, tmp_path)
+    for name in (o for o in model.graph.output):
+        _close(np.asarray(got[name.name]), want[name.name], 1e-5, f"{runtime} {name.name}")

@@ -72,6 +72,19 @@ def test_one_position_per_image_sums_outer_products_image_by_image(x_shape, w_sh
         close(got[name], expected[name], F32, name)
 
 
+def test_one_position_per_image_in_image_parts(monkeypatch):
+    """Past WINDOWS_LIMIT the outer products of each part of the images are summed as the other forms' parts are."""
+    model, feeds, expected = _conv_model((6, 16, 1, 1), (4, 16, 1, 1), {})
+    whole = run_model(lower_model(model), feeds)
+    monkeypatch.setattr(conv_grad, "WINDOWS_LIMIT", 16 * 4 * 4 * 2)  # two images' products a part
+    lowered = lower_model(model)
+    assert _ops(lowered).count("Mul") == 3 and "Split" in _ops(lowered)
+    got = run_model(lowered, feeds)
+    assert np.array_equal(got["dx"], whole["dx"]) and np.array_equal(got["db"], whole["db"])
+    for name in ("dx", "dw", "db"):
+        close(got[name], expected[name], F32, name)
+
+
 def test_one_position_with_groups_keeps_the_grouped_products():
     model, feeds, expected = _conv_model((4, 8, 1, 1), (8, 4, 1, 1), {"group": 2})
     lowered = lower_model(model)

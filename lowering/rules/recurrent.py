@@ -16,7 +16,9 @@ done on the whole sequence outside it, as batched MatMuls, elementwise ops and R
 - ``sequence_lengths``: a step mask ``t < L`` (Range, Less); where it is false the state is carried unchanged
   (Where) and the step's outputs are 0, in the forward and the backward Scan alike.
 - GRU: the same shape; the backward Scan emits [a_z, a_r] and a_h and, for ``linear_before_reset`` 1, reads the
-  reset gate's operand ``h_prev R_h^T + R_bh``, computed for all steps before it.
+  reset gate's operand ``h_prev R_h^T + R_bh``, computed for all steps before it. With H static on onnxruntime the
+  biases come from one product of B's row with a constant 0/1 packing (:func:`_packed_biases`, shared by the
+  forward and the backward); dB is one ReduceSum of the joined per-step gradients.
 
 LSTMGrad keeps the direction axis throughout ([S, 1, N, ..] scan inputs, [1, N, H] states): with one direction
 its inputs and outputs (but dX) are the tensors themselves, no Gather or Unsqueeze each; R it reads as [4H, H]

@@ -673,8 +673,9 @@ class _Fast:
         aliases its buffer, while a Reshape into a graph output copies the whole tensor (~15% of the time).
         """
         b, p, e = self.b, self.p, self.e
-        for_src = self.vector_shape_for_src()
-        if restore is not None and not low and for_src is not None:
+        # (only where it is read: an unused constant makes onnxruntime warn at load)
+        for_src = self.vector_shape_for_src() if restore is not None and not low else None
+        if for_src is not None:
             args = [b.op1("Reshape", [n, restore if full else for_src]) for n, full in inputs]
             b.op1(op_type, args, p.diff_src)
             return

@@ -115,3 +115,31 @@ def test_recurrent_gate_reorders_cut_from_the_flat_state_give_the_same_bits(name
         assert ran[1][p].tobytes() == reference[1][p].tobytes(), p
     for got, want in zip(ran[2], reference[2], strict=True):
         assert got.tobytes() == want.tobytes()
+
+
+def test_a_broadcast_parameters_gradient_is_summed_flat(monkeypatch):
+    """vit's cls token [1, 1, 8]: its gradient, the Expand's gradient ReduceSum with keepdims, is summed without
+    them straight into the flat gradient (no Reshape; onnxruntime sums the same elements in the same order), and
+    three steps give the Reshape form's bits."""
+    import lowering.training.train_step as ts
+
+    directory = ARTIFACTS / "vit"
+    viewed = train_step(directory, flat_state=True)
+    ran = _trainer_run(directory, 3)
+    monkeypatch.setattr(ts, "static_shapes", lambda model: {})
+    plain = train_step(directory, flat_state=True)
+
+    def flat_sums(step) -> list[onnx.NodeProto]:
+        concat = next(n for n in step.model.graph.node if n.name.startswith("train_step/flat_gradients"))
+        producer = {o: n for n in step.model.graph.node for o in n.output}
+        return [producer[i] for i in concat.input if i in producer and producer[i].op_type == "ReduceSum"
+                and producer[i].name.startswith("train_step/")]
+
+    assert flat_sums(viewed) and not flat_sums(plain)
+    assert all(a.name != "keepdims" or a.i == 0 for n in flat_sums(viewed) for a in n.attribute)
+    reference = _trainer_run(directory, 3)
+    assert ran[0] == reference[0]
+    for p in reference[1]:
+        assert ran[1][p].tobytes() == reference[1][p].tobytes(), p
+    for got, want in zip(ran[2], reference[2], strict=True):
+        assert got.tobytes() == want.tobytes()

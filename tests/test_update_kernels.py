@@ -117,10 +117,10 @@ def test_recurrent_gate_reorders_cut_from_the_flat_state_give_the_same_bits(name
         assert got.tobytes() == want.tobytes()
 
 
-def test_a_broadcast_parameters_gradient_is_summed_flat(monkeypatch):
-    """vit's cls token [1, 1, 8]: its gradient, the Expand's gradient ReduceSum with keepdims, is summed without
-    them straight into the flat gradient (no Reshape; onnxruntime sums the same elements in the same order), and
-    three steps give the Reshape form's bits."""
+def test_a_broadcast_parameter_is_read_and_summed_flat(monkeypatch):
+    """vit's cls token [1, 1, 8]: the Expand reading it reads the flat Split's [8] piece (the same broadcast), its
+    gradient, the Expand's gradient ReduceSum with keepdims, is summed without them straight into the flat gradient
+    (no Reshape; onnxruntime sums the same elements in the same order), and three steps give the Reshapes' bits."""
     import lowering.training.train_step as ts
 
     directory = ARTIFACTS / "vit"
@@ -136,6 +136,13 @@ def test_a_broadcast_parameters_gradient_is_summed_flat(monkeypatch):
                 and producer[i].name.startswith("train_step/")]
 
     assert flat_sums(viewed) and not flat_sums(plain)
+
+    def expand_source(step) -> str:
+        producer = {o: n for n in step.model.graph.node for o in n.output}
+        expand = next(n for n in step.model.graph.node if n.op_type == "Expand" and n.name == "/Expand")
+        return producer[expand.input[0]].op_type
+
+    assert expand_source(viewed) == "Split" and expand_source(plain) == "Reshape"
     assert all(a.name != "keepdims" or a.i == 0 for n in flat_sums(viewed) for a in n.attribute)
     reference = _trainer_run(directory, 3)
     assert ran[0] == reference[0]

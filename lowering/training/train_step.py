@@ -496,6 +496,8 @@ def _flat_state_update(b: NodeBuilder, lr: str, scalars: StepScalars | None, ada
         kept = [n for n in graph.node if id(n) not in ids]
         del graph.node[:]
         graph.node.extend(kept)
+    if shapes is not None:
+        _broadcast_views(b, graph, views, shapes)
     bounds = sorted({0, state.size} | {x for ranges, _ in views.values() for r in ranges for x in r})
     cuts = list(zip(bounds[:-1], bounds[1:], strict=True))
     users = {c: sum(a <= c[0] and c[1] <= z for ranges, _ in views.values() for a, z in ranges) for c in cuts}
@@ -671,6 +673,38 @@ def _param_views(graph: onnx.GraphProto, spans: dict[str, list[tuple[int, int]]]
             views.update({v: (r, tuple(s)) for v, (r, s) in read.items()})
             replaced += nodes
     return views, replaced
+
+
+_BROADCASTING = ("Add", "Sub", "Mul", "Div")
+
+
+def _broadcast_views(b: NodeBuilder, graph: onnx.GraphProto, views: dict, shapes: Mapping[str, list[int | None]]
+                     ) -> None:
+    """A [1, .., 1, D] view read only where its leading ones change nothing (an Expand to a shape of its rank or
+    more, an elementwise op whose other operand has its rank or more: a cls token, an initial state) is read as
+    the flat Split's [D] piece itself, without its Reshape: numpy broadcasting gives the same result."""
+    readers = _readers(graph)
+    outputs = {o.name for o in graph.output}
+    for value, (ranges, shape) in list(views.items()):
+        if len(shape) < 2 or sum(d != 1 for d in shape) > 1 or value in outputs or not readers.get(value):
+            continue
+        if all(_broadcasts(n, value, len(shape), shapes) for n in readers[value]):
+            flat = b.fresh("flat_view")
+            for node in readers[value]:
+                node.input[:] = [flat if i == value else i for i in node.input]
+            del views[value]
+            views[flat] = (ranges, (int(np.prod(shape, dtype=np.int64)),))
+
+
+def _broadcasts(node: onnx.NodeProto, value: str, rank: int, shapes: Mapping[str, list[int | None]]) -> bool:
+    """Whether ``node`` gives the same result with ``value`` (of ``rank``, all but one dim 1) read flattened."""
+    if node.domain not in ("", "ai.onnx") or list(node.input).count(value) != 1:
+        return False
+    if node.op_type == "Expand":
+        length = shapes.get(node.input[1])
+        return node.input[0] == value and length is not None and len(length) == 1 and (length[0] or 0) >= rank
+    others = [shapes.get(i) for i in node.input if i != value]
+    return node.op_type in _BROADCASTING and all(o is not None and len(o) >= rank for o in others)
 
 
 def _gradient_pieces(b: NodeBuilder, graph: onnx.GraphProto, grads: list[str],

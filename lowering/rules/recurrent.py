@@ -38,9 +38,9 @@ H=128); unrolling a short static sequence measured the same as the Scan on the S
 quirks shape the portable Scan (:func:`_scan`): the weights ride it as pass-through states (OpenVINO refuses a
 body that reads outer values), backwards runs reverse with Slices (``onnx.reference`` has scan direction 0 only),
 and a new state computed from scan inputs alone is reshaped like the carried one (tract, :meth:`_Emit.like`). On
-the onnxruntime target a backwards Scan runs with ``scan_input_directions``, the backward bodies read the weights
-by name (the forward ones keep them as states, which the tests pin in their Scan outputs) and, with H static,
-gate blocks are cut by Split.
+the onnxruntime target a backwards Scan runs with ``scan_input_directions``, every body reads the weights by name
+(no Identity per time step passing them through: lstm_tagger 179 -> 174 kernels a step, gru 243 -> 233) and, with
+H static, gate blocks are cut by Split.
 
 The portable form uses MatMul, Gather, Reshape, Squeeze, Transpose, Concat, Slice, Where, Less, Range, Expand, Sigmoid,
 Tanh, elementwise arithmetic and Scan with runtime inputs (lowering.rules.PORTABLE_OPS).
@@ -392,7 +392,7 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
 
         scans = [projected] + ([f"mask:{mask}"] if mask else [])
         finals, packed = _scan(e, "lstm_forward", start, scans, step, 1 if scan_outputs else 0, backwards,
-                               [r_t] + (peepholes or []))
+                               [r_t] + (peepholes or []), outer=e.onnxruntime)
         per_direction["HFinal"].append(finals[0])
         per_direction["CFinal"].append(finals[1])
         per_direction["packed"] += packed
@@ -631,7 +631,8 @@ def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
             return [s.b.op1("Where", [keep, h_new, h])], [s.b.op1("Where", [keep, v, zero]) for v in outs]
 
         scans = [x_zr, x_h] + ([f"mask:{mask}"] if mask else [])
-        finals, packed = _scan(e, "gru_forward", [start], scans, step, 1 if scan_outputs else 0, backwards, weights)
+        finals, packed = _scan(e, "gru_forward", [start], scans, step, 1 if scan_outputs else 0, backwards, weights,
+                               outer=e.onnxruntime)
         per_direction["HFinal"].append(finals[0])
         per_direction["packed"] += packed
     if outputs["HFinal"]:

@@ -150,3 +150,19 @@ def test_a_broadcast_parameter_is_read_and_summed_flat(monkeypatch):
         assert ran[1][p].tobytes() == reference[1][p].tobytes(), p
     for got, want in zip(ran[2], reference[2], strict=True):
         assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("shape, flat", [((1, 1, 8), True), ((1, 8), True), ((8, 1, 1), False), ((1, 8, 1), False),
+                                         ((2, 8), False)])
+def test_only_a_leading_ones_view_is_read_flat(shape, flat):
+    """Only leading ones broadcast away: a channels-first [C, 1, 1] scale read as [C] would broadcast along the
+    last axis instead."""
+    import lowering.training.train_step as ts
+
+    nodes = [helper.make_node("Mul", ["x", "p"], ["y"]), helper.make_node("Expand", ["p", "s"], ["e"])]
+    graph = helper.make_graph(nodes, "g", [], [])
+    shapes = {"x": [2, 8, 4, 8], "p": list(shape), "s": [4]}
+    views = {"p": ([(0, 8)], shape)}
+    ts._broadcast_views(NodeBuilder(17, "t", lambda name: False, into=graph.node), graph, views, shapes)
+    assert ("p" not in views) == flat
+    assert all(("p" in n.input) != flat for n in graph.node)

@@ -686,7 +686,7 @@ def _broadcast_views(b: NodeBuilder, graph: onnx.GraphProto, views: dict, shapes
     readers = _readers(graph)
     outputs = {o.name for o in graph.output}
     for value, (ranges, shape) in list(views.items()):
-        if len(shape) < 2 or sum(d != 1 for d in shape) > 1 or value in outputs or not readers.get(value):
+        if len(shape) < 2 or any(d != 1 for d in shape[:-1]) or value in outputs or not readers.get(value):
             continue
         if all(_broadcasts(n, value, len(shape), shapes) for n in readers[value]):
             flat = b.fresh("flat_view")
@@ -697,7 +697,7 @@ def _broadcast_views(b: NodeBuilder, graph: onnx.GraphProto, views: dict, shapes
 
 
 def _broadcasts(node: onnx.NodeProto, value: str, rank: int, shapes: Mapping[str, list[int | None]]) -> bool:
-    """Whether ``node`` gives the same result with ``value`` (of ``rank``, all but one dim 1) read flattened."""
+    """Whether ``node`` gives the same result with ``value`` (of ``rank``, every dim but the last 1) read flattened."""
     if node.domain not in ("", "ai.onnx") or list(node.input).count(value) != 1:
         return False
     if node.op_type == "Expand":

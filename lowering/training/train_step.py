@@ -472,7 +472,8 @@ def _flat_state_update(b: NodeBuilder, lr: str, scalars: StepScalars | None, ada
     parameter, against 7 when every parameter and moment is an input and an output of its own. With ``shapes``
     (the values' static shapes), the axis-0 Split / Concat chains the training graph runs on parameters and
     gradients (torch's recurrent gate reorders) are cut from the flat buffers as they are (:func:`_param_views`,
-    :func:`_gradient_pieces`)."""
+    :func:`_gradient_pieces`) and a [1, .., 1, D] parameter is read and summed as [D] where that broadcasts alike
+    (:func:`_broadcast_views`)."""
     elem = inputs[group[0]].type.tensor_type.elem_type
     shapes_of = tuple(_static_shape(inputs[p]) for p in group)
     suffix = np.dtype(helper.tensor_dtype_to_np_dtype(elem)).name
@@ -518,8 +519,10 @@ def _flat_state_update(b: NodeBuilder, lr: str, scalars: StepScalars | None, ada
         if direct.get(ranges[0]) == value and len(ranges) == 1:
             continue
         parts = [piece_of[c] for a, z in ranges for c in cuts if a <= c[0] and c[1] <= z]
-        if len(shape) == 1:
-            b.op1("Concat", parts, value, axis=0) if len(parts) > 1 else b.op1("Identity", parts, value)
+        if len(shape) == 1 and len(parts) > 1:
+            b.op1("Concat", parts, value, axis=0)
+        elif len(shape) == 1:  # a piece another view reads too (onnxruntime drops the Identity)
+            b.op1("Identity", parts, value)
         else:
             joined = b.op1("Concat", parts, axis=0, hint="view") if len(parts) > 1 else parts[0]
             b.op1("Reshape", [joined, b.const(np.array(shape, np.int64), hint="shape")], value)

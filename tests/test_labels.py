@@ -67,6 +67,21 @@ def test_first_bad_is_row_major_and_ignore_index_passes():
     assert LabelInput("t", 5, None, "s", "n").first_bad(np.array([0, -100], np.int32)) == ((1,), -100)
 
 
+def test_first_bad_on_large_batches_and_empty_ones():
+    """Past 256 labels the class-id check reduces with NumPy instead of Python's min and max: the same answers."""
+    label = LabelInput("t", 5, -100, "s", "n")
+    good = np.arange(3000).reshape(30, 100) % 5
+    assert label.first_bad(good) is None
+    for position, value in (((29, 99), 5), ((0, 0), -1), ((17, 3), 9)):
+        bad = good.copy()
+        bad[position] = value
+        assert label.first_bad(bad) == (position, value)
+    ignored = good.copy()
+    ignored[3, 4] = -100
+    assert label.first_bad(ignored) is None
+    assert label.first_bad(np.zeros((0, 4), np.int64)) is None
+
+
 def test_trainer_refuses_a_bad_label_before_the_step_and_keeps_its_state():
     models = lower_artifacts(CNN)
     trainer = Trainer(models, starting_point(CNN, models))

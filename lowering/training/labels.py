@@ -49,6 +49,12 @@ class LabelInput:
         values = np.asarray(values)
         if values.dtype.kind not in "iu":
             return None  # a float label array fails elsewhere (its type), not here
+        if values.size:  # every label a class id: two reductions (a step checks its batch; the masks cost 3x,
+            # and on a few labels NumPy's reductions cost 2x Python's min and max of the list)
+            flat = values.reshape(-1).tolist() if values.size <= 256 else None
+            low, high = (min(flat), max(flat)) if flat is not None else (values.min(), values.max())
+            if 0 <= low and high < self.classes:
+                return None
         bad = (values < 0) | (values >= self.classes)
         if self.ignore_index is not None:
             bad &= values != self.ignore_index

@@ -52,10 +52,53 @@ def test_size_and_shape_slices_fold_to_what_they_computed():
     want = _run(model, x)
     folded = onnx.ModelProto()
     folded.CopyFrom(model)
-    assert fold_static_shapes(folded) == 5
-    assert _ops(folded) == ["Relu", "Constant", "Constant", "Constant", "Constant", "Constant", "Div"]
+    assert fold_static_shapes(folded) == 6  # the Div of the two constants folds next
+    assert _ops(folded) == ["Relu"] + ["Constant"] * 6
     for got, expected in zip(_run(folded, x), want, strict=True):
         np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("opset", [12, 17])
+def test_torchs_shape_chain_folds_in_rounds(opset):
+    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape, as torch exports a flatten: every link folds (the
+    arithmetic in the model's own opset: Unsqueeze's axes an attribute before 13), the Reshape stays."""
+    def unsqueeze(x, out):
+        if opset < 13:
+            return [helper.make_node("Unsqueeze", [x], [out], axes=[0])]
+        return [helper.make_node("Unsqueeze", [x, "zero_axis"], [out])]
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Shape", ["r"], ["s"]),
+             helper.make_node("Gather", ["s", "index0"], ["n"], axis=0),
+             *unsqueeze("n", "n1"),
+             helper.make_node("Concat", ["n1", "minus_one"], ["target"], axis=0),
+             helper.make_node("Reshape", ["r", "target"], ["flat"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F32, [2, 3, 4])],
+                              [helper.make_tensor_value_info("flat", F32, None)],
+                              initializer=[onnx.numpy_helper.from_array(np.array(0, np.int64), "index0"),
+                                           onnx.numpy_helper.from_array(np.array([0], np.int64), "zero_axis"),
+                                           onnx.numpy_helper.from_array(np.array([-1], np.int64), "minus_one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 7
+    x = np.random.default_rng(1).standard_normal((2, 3, 4)).astype(np.float32)
+    want = _run(model, x)[0]
+    assert fold_static_shapes(model) == 4
+    assert _ops(model) == ["Relu", "Constant", "Constant", "Constant", "Constant", "Reshape"]
+    np.testing.assert_array_equal(_run(model, x)[0], want)
+    assert want.shape == (2, 12)
+
+
+def test_large_arithmetic_stays_a_node():
+    """Only small integer values are folded: a Range of 100 elements is left to run."""
+    nodes = [helper.make_node("Size", ["x"], ["n"]),
+             helper.make_node("Range", ["zero", "n", "one"], ["r"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F32, [10, 10])],
+                              [helper.make_tensor_value_info("r", I64, None)],
+                              initializer=[onnx.numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                                           onnx.numpy_helper.from_array(np.array(1, np.int64), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    assert fold_static_shapes(model) == 1 and _ops(model) == ["Constant", "Range"]
 
 
 def test_only_what_the_shapes_fix_is_folded():

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
+from lowering.static_shapes import fold_static_shapes
+
 SMALL_STEP_MACS = 16_000_000  # below the smallest measured step where a second thread paid (50M: 1 thread 0.66x)
 _COUNTED = ("Conv", "ConvTranspose", "MatMul", "Gemm", "FusedMatMul")
 
@@ -25,7 +27,7 @@ def multiply_accumulates(model: onnx.ModelProto, limit: int | None = None) -> in
     """The multiply-accumulates of the model's Conv/ConvTranspose/MatMul/Gemm nodes (main graph), None when one
     of their shapes is not static. Stops counting above ``limit``."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # noqa: BLE001 -- a model shape inference cannot read: nothing known
         return None
     shapes: dict[str, list[int | None]] = {t.name: list(t.dims) for t in inferred.graph.initializer}
@@ -70,8 +72,9 @@ def is_small_step(model: onnx.ModelProto) -> bool:
 def step_is_small(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None) -> bool | None:
     """Whether the step is small (at most SMALL_STEP_MACS multiply-accumulates); None when a counted shape is not
     static. ``input_shapes`` fix graph inputs' dims first (a symbolic batch: the shapes of the batch at hand)."""
-    if input_shapes:
+    if input_shapes:  # the dims fixed, the shape arithmetic on them is folded as lowering folds a static graph's
         model = with_input_shapes(model, input_shapes)
+        fold_static_shapes(model)
     count = multiply_accumulates(model, limit=SMALL_STEP_MACS)
     return None if count is None else count <= SMALL_STEP_MACS
 

@@ -8,33 +8,18 @@ reference's numbers."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
-from _one_node import F32, MS, close, one_node_model
-from onnx import helper
+from _one_node import F32, close
+from test_conv_pool_grad_forms import _conv_model as _seeded_conv_model
+from test_conv_pool_grad_forms import _ops
 
 import lowering.rules.conv_grad as conv_grad
 from lowering.passes import lower_model
-from runtime import reference_training as ref
 from runtime.session import run_model
 
 
 def _conv_model(x_shape, w_shape, attrs, outputs=("dx", "dw", "db"), seed=7):
-    geometry = {k: attrs.get(k) for k in ("strides", "dilations", "pads")}
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(x_shape).astype(np.float32)
-    w = rng.standard_normal(w_shape).astype(np.float32)
-    dy = rng.standard_normal(ref.conv(x, w, group=attrs.get("group", 1), **geometry).shape).astype(np.float32)
-    node = helper.make_node("ConvGrad", ["dy", "x", "w"], list(outputs), domain=MS, name="cg", **attrs)
-    declared = {"dx": list(x_shape), "dw": list(w_shape), "db": [w_shape[0]]}
-    model = one_node_model(node, [("dy", F32, list(dy.shape)), ("x", F32, list(x_shape)), ("w", F32, list(w_shape))],
-                           [(o, F32, declared[o]) for o in outputs if o])
-    expected = ref.conv_grad(dy, x, w, group=attrs.get("group", 1), **geometry)
-    return model, {"dy": dy, "x": x, "w": w}, dict(zip(("dx", "dw", "db"), expected, strict=True))
-
-
-def _ops(model: onnx.ModelProto) -> list[str]:
-    return [n.op_type for n in model.graph.node if n.op_type != "Constant"]
+    return _seeded_conv_model(x_shape, w_shape, attrs, outputs, seed)
 
 
 def _in_order(values: np.ndarray) -> np.ndarray:

@@ -84,6 +84,15 @@ def _trainer_run(directory: Path, steps: int) -> tuple[list[float], dict[str, np
     return losses, trainer.params, [*trainer.first_moments, *trainer.second_moments]
 
 
+def _assert_same_bits(ran, reference) -> None:
+    """Two ``_trainer_run`` results: the same losses, parameters and moments, bit for bit."""
+    assert ran[0] == reference[0]
+    for p in reference[1]:
+        assert ran[1][p].tobytes() == reference[1][p].tobytes(), p
+    for got, want in zip(ran[2], reference[2], strict=True):
+        assert got.tobytes() == want.tobytes()
+
+
 @pytest.mark.parametrize("name", ["lstm", "lstm2", "gru"])
 def test_recurrent_gate_reorders_cut_from_the_flat_state_give_the_same_bits(name, monkeypatch):
     """torch's recurrent exports reorder every weight's and bias's gates (Split, Concat, Unsqueeze) forwards and
@@ -110,11 +119,7 @@ def test_recurrent_gate_reorders_cut_from_the_flat_state_give_the_same_bits(name
     layers = 2 if name == "lstm2" else 1
     assert len(kernels(plain)) - len(kernels(viewed)) >= 10 * layers
     reference = _trainer_run(directory, 3)
-    assert ran[0] == reference[0]
-    for p in reference[1]:
-        assert ran[1][p].tobytes() == reference[1][p].tobytes(), p
-    for got, want in zip(ran[2], reference[2], strict=True):
-        assert got.tobytes() == want.tobytes()
+    _assert_same_bits(ran, reference)
 
 
 def test_a_broadcast_parameter_is_read_and_summed_flat(monkeypatch):
@@ -145,11 +150,7 @@ def test_a_broadcast_parameter_is_read_and_summed_flat(monkeypatch):
     assert expand_source(viewed) == "Split" and expand_source(plain) == "Reshape"
     assert all(a.name != "keepdims" or a.i == 0 for n in flat_sums(viewed) for a in n.attribute)
     reference = _trainer_run(directory, 3)
-    assert ran[0] == reference[0]
-    for p in reference[1]:
-        assert ran[1][p].tobytes() == reference[1][p].tobytes(), p
-    for got, want in zip(ran[2], reference[2], strict=True):
-        assert got.tobytes() == want.tobytes()
+    _assert_same_bits(ran, reference)
 
 
 @pytest.mark.parametrize("shape, flat", [((1, 1, 8), True), ((1, 8), True), ((8, 1, 1), False), ((1, 8, 1), False),

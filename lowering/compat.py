@@ -10,6 +10,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from lowering.static_shapes import ceil_windows
+
 OLDEST_PROBED = 7  # opset 12 needs IR 7
 
 
@@ -195,12 +197,6 @@ def _replacement(node: onnx.NodeProto, opset: int, fresh,
     return None
 
 
-def _windows(size: int, begin: int, end: int, kernel: int, stride: int) -> int:
-    """Ceil mode's window count along one axis, without a last window that would start in the end padding."""
-    count = -(-(size + begin + end - kernel) // stride) + 1
-    return count - 1 if (count - 1) * stride >= size + begin else count
-
-
 _POOL_TYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
                onnx.TensorProto.FLOAT16: np.float16}
 
@@ -223,7 +219,7 @@ def _average_pool(node: onnx.NodeProto, fresh,
         return None  # unknown sizes (or malformed: onnxruntime says so itself)
     factor = np.ones([1, 1], np.float64)
     for size, begin, end, k, s in zip(sizes, pads[:spatial], pads[spatial:], kernel, strides, strict=True):
-        starts = np.arange(_windows(size, begin, end, k, s)) * s - begin
+        starts = np.arange(ceil_windows(size, begin, end, k, s)[1]) * s - begin
         covered = np.minimum(starts + k, size + end) - starts  # the positions inside the padded input
         factor = np.multiply.outer(factor, k / covered)
     if np.all(factor == 1.0):

@@ -166,9 +166,16 @@ def _window_in_end_padding(node: onnx.NodeProto, shapes: dict[str, list[int | No
     dilations = list(attrs.get("dilations", [1] * spatial))
     pads = list(attrs.get("pads", [0] * 2 * spatial))
     for axis, size in enumerate(dims[2:]):
-        begin, end = pads[axis], pads[axis + spatial]
         extent = (kernel[axis] - 1) * dilations[axis] + 1
-        windows = -(-(size + begin + end - extent) // strides[axis]) + 1  # ceil
-        if (windows - 1) * strides[axis] >= size + begin:
+        counted, kept = ceil_windows(size, pads[axis], pads[axis + spatial], extent, strides[axis])
+        if counted != kept:
             return True
     return False
+
+
+def ceil_windows(size: int, begin: int, end: int, extent: int, stride: int) -> tuple[int, int]:
+    """A ceil-mode pool's windows along one axis (input ``size``, pads ``begin`` / ``end``, a window ``extent``
+    positions wide): (onnx's inference's count, the runtimes' count, which drops a last window that would start in
+    the end padding)."""
+    counted = -(-(size + begin + end - extent) // stride) + 1
+    return counted, counted - 1 if (counted - 1) * stride >= size + begin else counted

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
-from lowering.static_shapes import fold_static_shapes
+from lowering.static_shapes import fold_static_shapes, static_shapes
 
 SMALL_STEP_MACS = 16_000_000  # below the smallest measured step where a second thread paid (50M: 1 thread 0.66x)
 _COUNTED = ("Conv", "ConvTranspose", "MatMul", "Gemm", "FusedMatMul")
@@ -26,17 +26,9 @@ _COUNTED = ("Conv", "ConvTranspose", "MatMul", "Gemm", "FusedMatMul")
 def multiply_accumulates(model: onnx.ModelProto, limit: int | None = None) -> int | None:
     """The multiply-accumulates of the model's Conv/ConvTranspose/MatMul/Gemm nodes (main graph), None when one
     of their shapes is not static. Stops counting above ``limit``."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # noqa: BLE001 -- a model shape inference cannot read: nothing known
-        return None
-    shapes: dict[str, list[int | None]] = {t.name: list(t.dims) for t in inferred.graph.initializer}
-    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-        t = vi.type.tensor_type
-        if t.HasField("shape"):
-            shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+    shapes = static_shapes(model)
     total = 0
-    for node in inferred.graph.node:
+    for node in model.graph.node:
         if node.op_type not in _COUNTED or len(node.input) < 2:
             continue
         out, a, b = (shapes.get(n) for n in (node.output[0], node.input[0], node.input[1]))

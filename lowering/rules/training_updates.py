@@ -11,6 +11,7 @@ onnxruntime-training's kernels compute it; a false ``update_signal`` leaves ever
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -152,6 +153,31 @@ class AdamW:
             lr_corrected = b.op1("Mul", [lr, b.op1("Div", [b.op1("Sqrt", [c2]), c1])], hint="lr_corrected")
         lr_decay = b.op1("Mul", [lr, b.const(np.array(self.weight_decay, f32), hint="weight_decay")], hint="lr_decay")
         return StepScalars(lr, c1, c2, lr_corrected, lr_decay)
+
+    def computed_fields(self) -> tuple[str, ...]:
+        """The :class:`StepScalars` fields :meth:`step_table` lets a caller compute instead of the graph (the
+        learning rate is fed anyway; without bias correction the corrections are the constant 1)."""
+        corrections = ("alpha_correction", "beta_correction") if self.correct_bias else ()
+        corrected = ("lr_corrected",) if self.correct_bias and self.adam_mode == 1 else ()
+        return (*corrections, *corrected, "lr_decay")
+
+    def step_table(self, steps: np.ndarray) -> dict[str, list[float]]:
+        """The learning-rate-free parts of :meth:`step_scalars` for each of ``steps`` (int64), as Python floats
+        holding f32 values: ``alpha_correction``, ``beta_correction`` and (adam_mode 1) ``ratio`` = sqrt(c2) / c1,
+        so that lr_corrected is f32(lr * ratio) and lr_decay f32(lr * weight_decay), each one product of two
+        f32 values, exact in a double and rounded to f32 once. The same operations on the same values as the
+        graph's, so the same bits: the power is the C library's double ``pow`` (what onnxruntime's Pow calls;
+        NumPy's vectorised power may not be), the rest f32 array arithmetic, correctly rounded."""
+        f32 = np.float32
+        table: dict[str, list[float]] = {}
+        if not self.correct_bias:
+            return table
+        c1, c2 = (f32(1.0) - np.array([math.pow(float(f32(base)), float(t)) for t in steps.tolist()]).astype(f32)
+                  for base in (self.alpha, self.beta))
+        table["alpha_correction"], table["beta_correction"] = c1.tolist(), c2.tolist()
+        if self.adam_mode == 1:
+            table["ratio"] = (np.sqrt(c2) / c1).tolist()
+        return table
 
     def update(self, b: NodeBuilder, scalars: StepScalars, w: str, g: str, m1: str, m2: str
                ) -> tuple[str, str, str]:

@@ -114,6 +114,10 @@ class TrainStepInterface:
 class TrainStep:
     model: onnx.ModelProto
     interface: TrainStepInterface
+    # AdamW's settings and the values its per-step scalars are computed into ([1] f32 each; None: SGD, or scalars
+    # of another shape): what :func:`bound_model` turns into inputs the caller computes
+    adamw: AdamW | None = None
+    scalars: StepScalars | None = None
 
 
 def train_step(directory: Path | str, *, target: str = "onnxruntime", flat_state: bool = False) -> TrainStep:
@@ -136,9 +140,9 @@ def train_step(directory: Path | str, *, target: str = "onnxruntime", flat_state
     except OplowerError as exc:
         raise LoweringError(f"{optimizer_path}: {exc}") from None
     interface = _interface(training, lowered, gradients, node.op_type, _checkpoint_frozen(directory))
-    interface = _append_updates(lowered, interface, gradients, settings, portable=target == "portable",
-                                flat_state=flat_state)
-    return TrainStep(lowered, interface)
+    interface, scalars = _append_updates(lowered, interface, gradients, settings, portable=target == "portable",
+                                         flat_state=flat_state)
+    return TrainStep(lowered, interface, settings, scalars)
 
 
 def train_step_model(directory: Path | str, *, target: str = "onnxruntime", flat_state: bool = False
@@ -242,9 +246,11 @@ def _is_frozen(graph: onnx.GraphProto, name: str, params: tuple[str, ...]) -> bo
 
 
 def _append_updates(model: onnx.ModelProto, interface: TrainStepInterface, gradients: dict[str, str],
-                    adamw: AdamW | None, portable: bool = False, flat_state: bool = False) -> TrainStepInterface:
+                    adamw: AdamW | None, portable: bool = False, flat_state: bool = False
+                    ) -> tuple[TrainStepInterface, StepScalars | None]:
     """Append the unrolled optimizer update to the lowered training graph and set the interface's inputs
-    and outputs; returns the interface (with its flat state groups in the flat state form)."""
+    and outputs; returns the interface (with its flat state groups in the flat state form) and AdamW's step
+    scalars where they are [1] values of the onnxruntime target (else None)."""
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
     taken = {vi.name for vi in (*graph.input, *graph.output, *graph.value_info)} | {t.name for t in graph.initializer}
@@ -304,7 +310,7 @@ def _append_updates(model: onnx.ModelProto, interface: TrainStepInterface, gradi
     _prune(graph)
     if flat_state:
         interface = dataclasses.replace(interface, flat_frozen=_flat_frozen_updates(graph, interface, taken, opset))
-    return interface
+    return interface, scalars if one_d and not portable else None
 
 
 def _flat_frozen_updates(graph: onnx.GraphProto, interface: TrainStepInterface, taken: set[str], opset: int
@@ -894,6 +900,136 @@ def _sort_topologically(graph: onnx.GraphProto) -> None:
     graph.node.extend(nodes[i] for i in order)
 
 
+@dataclass(frozen=True)
+class BoundModel:
+    """The train-step model as :class:`BoundStep` runs it (:func:`bound_model`): the same step with fewer kernels,
+    for a caller that binds memory rather than feeding tensors."""
+
+    model: onnx.ModelProto
+    # inputs bound to a range of a flat state input's own memory: {input: (flat input, start, end, shape)}
+    views: dict[str, tuple[str, int, int, tuple[int, ...]]]
+    # [1] f32 inputs the caller computes each step (:class:`StepScalarFeed`): {input: StepScalars field}
+    scalars: dict[str, str]
+    adamw: AdamW | None
+
+
+def bound_model(step: TrainStep) -> BoundModel:
+    """``step``'s model with the kernels a binding caller does without: (1) the parameters the flat state form
+    cuts out of its flat input (one Split, a Reshape per parameter of rank other than 1) become inputs of their
+    own, which :class:`BoundStep` binds to the flat input's memory at their offsets (onnxruntime never writes
+    an input, and the update writes the other state set's buffer); (2) AdamW's step scalars (bias corrections,
+    corrected learning rate, learning rate times weight decay: 8 kernels in the flat form) become [1] inputs
+    computed in Python by the same operations (:class:`StepScalarFeed`). ``step``'s model is left as it is,
+    the tensor-in, tensor-out interface of the module docstring."""
+    model = onnx.ModelProto()
+    model.CopyFrom(step.model)
+    graph = model.graph
+    constants = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    constants.update({n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in graph.node
+                      if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"})
+    flats = {f.names[0]: f for f in step.interface.flat}
+    outputs = {vo.name for vo in graph.output}
+    readers = _readers(graph)
+    dropped: set[int] = set()
+    views: dict[str, tuple[str, int, int, tuple[int, ...]]] = {}
+    new_inputs = []
+
+    def view(name: str, flat: FlatState, start: int, end: int, shape: tuple[int, ...]) -> None:
+        views[name] = (flat.names[0], start, end, shape)
+        new_inputs.append(helper.make_tensor_value_info(name, flat.elem_type, list(shape)))
+
+    for node in graph.node:
+        if node.op_type != "Split" or not node.input or node.input[0] not in flats:
+            continue
+        flat = flats[node.input[0]]
+        sizes = constants.get(node.input[1]) if len(node.input) > 1 and node.input[1] else next(
+            (onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "split"), None)
+        if sizes is None or len(sizes) != len(node.output) or any(o in outputs for o in node.output):
+            continue
+        dropped.add(id(node))
+        start = 0
+        for piece, size in zip(node.output, (int(s) for s in sizes), strict=True):
+            end = start + size
+            kept = []
+            for reader in readers.get(piece, []):
+                shape = _view_shape(reader, size, constants)
+                if shape is None or reader.output[0] in outputs or id(reader) in dropped:
+                    kept.append(reader)
+                    continue
+                dropped.add(id(reader))
+                view(reader.output[0], flat, start, end, shape)
+            if kept:
+                view(piece, flat, start, end, (size,))
+            start = end
+    fed: dict[str, str] = {}
+    if step.scalars is not None and step.adamw is not None:
+        produced = {o for n in graph.node for o in n.output}
+        for field in step.adamw.computed_fields():
+            name = getattr(step.scalars, field)
+            if name in produced and name not in fed:
+                fed[name] = field
+                new_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]))
+        dropped.update(id(n) for n in graph.node if n.output and all(o in fed for o in n.output if o))
+    if not views and not fed:
+        return BoundModel(model, {}, {}, step.adamw)
+    kept_nodes = [n for n in graph.node if id(n) not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept_nodes)
+    _prune(graph)
+    read = {v for n in graph.node for v in _reads(n)} | outputs
+    kept_inputs = [vi for vi in graph.input if vi.name in read or vi.name not in ("learning_rate", "step")]
+    del graph.input[:]
+    graph.input.extend([*kept_inputs, *new_inputs])
+    return BoundModel(model, views, fed, step.adamw)
+
+
+class StepScalarFeed:
+    """AdamW's step scalars for :func:`bound_model`'s inputs, written each step into [1] f32 arrays (``arrays``,
+    by input name) that the bound inputs share: the learning-rate-free parts tabulated for ``CHUNK`` steps at a
+    time (:meth:`AdamW.step_table`), so a step costs a few element writes (about 0.5 us; the 8 kernels it
+    replaces cost about 3.5)."""
+
+    CHUNK = 1024
+
+    def __init__(self, adamw: AdamW, fed: Mapping[str, str]) -> None:
+        self.adamw = adamw
+        self.arrays = {name: np.zeros(1, np.float32) for name in fed}
+        self._writes = [(field, self.arrays[name]) for name, field in fed.items()]
+        self._decay = float(np.float32(adamw.weight_decay))
+        self._start = -self.CHUNK  # the first step of the table
+        self._table: dict[str, list[float]] = {}
+
+    def write(self, lr: float, step: int) -> None:
+        i = step - self._start
+        if not 0 <= i < self.CHUNK:
+            self._start, i = step, 0
+            self._table = self.adamw.step_table(np.arange(step, step + self.CHUNK, dtype=np.int64))
+        lr = float(lr)
+        for field, array in self._writes:  # a product of two f32 values is exact in a double: one rounding
+            if field == "lr_corrected":
+                array[0] = lr * self._table["ratio"][i]
+            elif field == "lr_decay":
+                array[0] = lr * self._decay
+            else:
+                array[0] = self._table[field][i]
+
+
+def _view_shape(node: onnx.NodeProto, size: int, constants: Mapping[str, np.ndarray]) -> tuple[int, ...] | None:
+    """The shape ``node`` gives a 1-D value of ``size`` elements when it only views it (an Identity, or a
+    Reshape to a constant shape without 0 dims), else None."""
+    if node.op_type == "Identity":
+        return (size,)
+    if node.op_type != "Reshape" or len(node.input) < 2 or node.input[1] not in constants:
+        return None
+    target = [int(d) for d in constants[node.input[1]].reshape(-1)]
+    if 0 in target or target.count(-1) > 1:
+        return None
+    try:
+        return tuple(np.empty(size, np.int8).reshape(target).shape)
+    except ValueError:
+        return None
+
+
 def _loss_buffers(session, loss: str) -> list[np.ndarray]:
     """Two arrays (one per binding) for the loss to be written into, where its declared shape is static and its
     type a NumPy one; else none (onnxruntime then allocates the output each step)."""
@@ -922,11 +1058,18 @@ class BoundStep:
     is read; each step copies in only the batch and the step number."""
 
     def __init__(self, session, interface: TrainStepInterface, state: Mapping[str, np.ndarray],
-                 constants: Mapping[str, np.ndarray], learning_rate: np.ndarray) -> None:
+                 constants: Mapping[str, np.ndarray], learning_rate: np.ndarray, bound: BoundModel | None = None
+                 ) -> None:
+        """``bound``: the session runs ``bound.model`` (:func:`bound_model`) rather than the train-step model."""
         import onnxruntime as ort
 
         self._ort = ort
         self.session, self.interface = session, interface
+        self._bound_views = bound.views if bound is not None else {}
+        # the step scalars computed here, in [1] f32 arrays shared with their OrtValues
+        self._feed = StepScalarFeed(bound.adamw, bound.scalars) if bound is not None and bound.scalars else None
+        self._fed_values = {name: ort.OrtValue.ortvalue_from_numpy(array)
+                            for name, array in (self._feed.arrays.items() if self._feed else ())}
         self._names = interface.state_inputs
         # the flat state form: per-parameter state names are views into the flat inputs
         self._views = interface.views()
@@ -960,11 +1103,17 @@ class BoundStep:
     def _bind(self) -> None:
         """(Re)build both bindings: after the data OrtValues were (re)allocated."""
         self._bindings = []
+        inputs = {i.name for i in self.session.get_inputs()}
         for i in range(2):
             binding = self.session.io_binding()
             for name, value in {**self._constants, **self._data, "learning_rate": self._lr, "step": self._step,
-                                **self._sets[i]}.items():
-                binding.bind_ortvalue_input(name, value)
+                                **self._fed_values, **self._sets[i]}.items():
+                if name in inputs:
+                    binding.bind_ortvalue_input(name, value)
+            for name, (flat, start, _, shape) in self._bound_views.items():
+                held = self._sets[i][flat]
+                dtype = held.numpy().dtype
+                binding.bind_input(name, "cpu", 0, dtype, list(shape), held.data_ptr() + start * dtype.itemsize)
             if self._loss_values:
                 binding.bind_ortvalue_output(self._loss_name, self._loss_values[i])
             else:
@@ -986,6 +1135,8 @@ class BoundStep:
         if rebind:
             self._bind()
         self._step_value[0] = step
+        if self._feed is not None:
+            self._feed.write(self._lr_value[0], step)
         binding = self._bindings[self._current]
         self.session.run_with_iobinding(binding)
         loss = self._losses[self._current] if self._losses else binding.get_outputs()[0].numpy()

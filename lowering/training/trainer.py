@@ -36,7 +36,7 @@ from lowering.passes import lower_runnable
 from lowering.training.checkpoint import Checkpoint, CheckpointError, read_checkpoint, write_checkpoint
 from lowering.training.labels import LabelInput, check_labels, label_inputs
 from lowering.training.step_size import step_is_small
-from lowering.training.train_step import FIRST_MOMENT, SECOND_MOMENT, BoundStep, TrainStep, train_step
+from lowering.training.train_step import FIRST_MOMENT, SECOND_MOMENT, BoundStep, TrainStep, bound_model, train_step
 from opdef.errors import ModelError, OplowerError, RuntimeFailure
 from runtime.session import np_dtype, ort_message
 
@@ -211,10 +211,13 @@ class Trainer:
                    for i, m in enumerate((FIRST_MOMENT, SECOND_MOMENT))}
         if models.step is not None:
             interface = models.step.interface
-            session = self._session(models.step.model, options, "train-step model")
+            # the parameters bound as views of the flat state and AdamW's step scalars computed here: ~9 kernels
+            # fewer per step plus one a parameter of rank other than 1
+            self._bound_model = bound_model(models.step)
+            session = self._session(self._bound_model.model, options, "train-step model")
             state = {**params, **moments, **{n: start.frozen[n] for n in interface.updated_frozen}}
             constants = {n: v for n, v in start.frozen.items() if n not in interface.updated_frozen}
-            self._bound = BoundStep(session, interface, state, constants, self.learning_rate)
+            self._bound = BoundStep(session, interface, state, constants, self.learning_rate, self._bound_model)
             self._sgd_moments = moments  # SGD has none; kept so the moments read the same either way
             return
         self._params, self._frozen = params, dict(start.frozen)
@@ -317,7 +320,7 @@ class Trainer:
         self.small_step = bool(step_is_small(self.models.step.model, shapes))
         if self.small_step:
             self.threads = 1
-            session = self._session(self.models.step.model, self._options(1, self._spinning, True), "train-step model")
+            session = self._session(self._bound_model.model, self._options(1, self._spinning, True), "train-step model")
             self._bound.replace_session(session)
 
     @staticmethod

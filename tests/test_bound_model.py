@@ -1,0 +1,135 @@
+"""The train-step model as the Trainer runs it (lowering.training.train_step.bound_model): the parameters bound
+as views of the flat state's memory and AdamW's step scalars computed in Python must give the train-step
+model's own results bit for bit, with the kernels they replace gone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from lowering.builder import NodeBuilder
+from lowering.rules.training_updates import AdamW
+from lowering.training.train_step import StepScalarFeed, bound_model
+from lowering.training.trainer import Trainer, initial_parameters, lower_artifacts
+
+ARTIFACTS = Path(__file__).parent / "fixtures" / "ort_training" / "artifacts"
+
+
+def _scalar_session(adamw: AdamW) -> tuple[ort.InferenceSession, list[str]]:
+    """The step scalars as the train-step model computes them ([1] lr and step in, stacked and split)."""
+    graph = helper.make_graph([], "g", [], [])
+    b = NodeBuilder(17, "s", lambda name: False, into=graph.node)
+    scalars = adamw.step_scalars(b, "lr", "step", stacked=True, split=True)
+    fields = list(adamw.computed_fields())
+    outputs = [getattr(scalars, f) for f in fields]
+    graph.node.extend(helper.make_node("Identity", [o], [f"out.{f}"]) for o, f in zip(outputs, fields, strict=True))
+    graph.input.extend([helper.make_tensor_value_info("lr", TensorProto.FLOAT, [1]),
+                        helper.make_tensor_value_info("step", TensorProto.INT64, [1])])
+    graph.output.extend(helper.make_tensor_value_info(f"out.{f}", TensorProto.FLOAT, None) for f in fields)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]), fields
+
+
+@pytest.mark.parametrize("adamw", [AdamW(0.9, 0.999, 1e-8, 0.01, 1, 1), AdamW(0.9, 0.999, 1e-8, 0.0, 0, 1),
+                                   AdamW(0.8, 0.95, 1e-6, 0.1, 1, 0), AdamW(0.99, 0.9999, 1e-8, 0.05, 1, 1)])
+def test_fed_step_scalars_are_the_graph_scalars_bits(adamw):
+    session, fields = _scalar_session(adamw)
+    feed = StepScalarFeed(adamw, {f"in.{f}": f for f in fields})
+    rng = np.random.default_rng(0)
+    # from the first step on, past a table's end, far ahead (a new table) and back (another)
+    steps = [*range(1, 1100), *sorted(rng.integers(1100, 10**9, 200).tolist()), 7, 3000]
+    rates = [1e-3, 3e-4, 0.1, *rng.uniform(1e-6, 1.0, 2).tolist()]
+    assert fields  # every form has some
+    for lr in rates:
+        lr = np.float32(lr)
+        for step in steps:
+            feed.write(lr, step)
+            want = session.run(None, {"lr": np.array([lr], np.float32), "step": np.array([step], np.int64)})
+            for field, value in zip(fields, want, strict=True):
+                got = feed.arrays[f"in.{field}"]
+                assert got.tobytes() == value.reshape(-1)[:1].tobytes(), (field, lr, step)
+
+
+def _setup(name: str):
+    directory = ARTIFACTS / name
+    models = lower_artifacts(directory)
+    start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")))
+    data = dict(np.load(directory / "data.npz"))
+    meta = json.loads((directory / "meta.json").read_text())
+    batch = {models.step.interface.data[0]: data["input"], meta["labels_input"]: data["labels"]}
+    if "lengths" in data:  # none of these has one today
+        batch["lengths"] = data["lengths"]
+    return models, start, batch
+
+
+def _unbound_steps(models, start, batch, rates):
+    """The train-step model run with plain feeds, its .updated outputs fed back: (losses, final state)."""
+    step = models.step
+    interface = step.interface
+    session = ort.InferenceSession(step.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    trainer = Trainer(models, start, threads=1)  # for its initial state only (flat buffers as it builds them)
+    names = list(interface.state_inputs)
+    state = {n: np.array(v.numpy(), copy=True) for n, v in trainer._bound._sets[0].items()}
+    constants = {n: v.numpy() for n, v in trainer._bound._constants.items()}
+    inputs = {i.name for i in session.get_inputs()}
+    losses = []
+    for i, rate in enumerate(rates, start=1):
+        feeds = {**batch, **constants, **state, "learning_rate": np.array([rate], np.float32),
+                 "step": np.array([i], np.int64)}
+        out = dict(zip([o.name for o in session.get_outputs()],
+                       session.run(None, {k: v for k, v in feeds.items() if k in inputs}), strict=True))
+        losses.append(out[interface.loss])
+        state = {n: out[f"{n}.updated"] for n in names}
+    return losses, state
+
+
+@pytest.mark.parametrize("name", ["mlp_act", "cnn", "cnn1d", "bert", "lstm"])
+def test_bound_steps_are_the_train_step_models_bits(name):
+    models, start, batch = _setup(name)
+    rates = [1e-2, 3e-3, 3e-3, 2e-2]
+    trainer = Trainer(models, start, threads=1)
+    losses = []
+    for rate in rates:
+        trainer.learning_rate = np.array([rate], np.float32)
+        losses.append(trainer.step(batch))
+    want_losses, want_state = _unbound_steps(models, start, batch, rates)
+    assert [np.float32(x).tobytes() for x in losses] == [np.asarray(x).reshape(-1)[0].tobytes() for x in want_losses]
+    current = trainer._bound._sets[trainer._bound._current]
+    for n, value in want_state.items():
+        assert current[n].numpy().tobytes() == value.tobytes(), n
+
+
+@pytest.mark.parametrize("name", ["mlp_act", "cnn", "bert", "lstm"])
+def test_the_cut_and_the_scalars_are_gone(name):
+    models, _, _ = _setup(name)
+    step = models.step
+    bound = bound_model(step)
+    flat = {f.names[0] for f in step.interface.flat}
+    assert flat and bound.views
+    splits = [n for n in bound.model.graph.node if n.op_type == "Split" and n.input[0] in flat]
+    assert not splits  # the parameters are bound, not cut
+    before = [n for n in step.model.graph.node if n.op_type == "Split" and n.input[0] in flat]
+    assert len(before) == 1
+    ops = [n.op_type for n in bound.model.graph.node]
+    if step.adamw is not None:
+        assert set(bound.scalars.values()) >= {"alpha_correction", "beta_correction", "lr_decay"}
+        assert not any("step" in n.input for n in bound.model.graph.node)  # the bias corrections' Pow is gone
+        assert "step" not in {i.name for i in bound.model.graph.input}
+        assert len(bound.model.graph.node) <= len(step.model.graph.node) - 9
+    inputs = {i.name: i for i in bound.model.graph.input}
+    for name_, (source, start, end, shape) in bound.views.items():
+        assert source in flat and 0 <= start < end and int(np.prod(shape)) == end - start
+        dims = [d.dim_value for d in inputs[name_].type.tensor_type.shape.dim]
+        assert dims == list(shape)
+
+
+def test_sgd_keeps_its_learning_rate_input():
+    models, _, _ = _setup("cnn1d")
+    bound = bound_model(models.step)
+    assert models.step.adamw is None and not bound.scalars
+    assert "learning_rate" in {i.name for i in bound.model.graph.input}

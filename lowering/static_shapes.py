@@ -49,6 +49,11 @@ def fold_static_shapes(model: onnx.ModelProto) -> int:
         constants = _constants(graph)
         now = 0
         for index, node in enumerate(graph.node):
+            kept = _where_kept(node, shapes, constants)
+            if kept is not None:  # a Where whose constant condition picks one operand whole
+                graph.node[index].CopyFrom(helper.make_node("Identity", [kept], [node.output[0]], name=node.name))
+                now += 1
+                continue
             value = _value(node, shapes, constants, opset)
             if value is None:
                 continue
@@ -81,7 +86,10 @@ def static_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
 _ROUNDS = 8  # folding rounds (each one shape inference); torch's Shape -> Gather -> Unsqueeze -> Concat takes 2
 # integer ops on constants evaluated at lowering time (outputs of at most _SMALL elements): shape arithmetic
 _ARITHMETIC = ("Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Cast", "Add", "Sub",
-               "Mul", "Div", "Neg", "Max", "Min", "ReduceProd", "Equal", "Where", "Range")
+               "Mul", "Div", "Neg", "Max", "Min", "ReduceProd", "Equal", "Where", "Range",
+               # index checks on constant indices (GatherGrad's, once a symbolic batch is fixed)
+               "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Not", "Abs", "Mod", "ReduceSum",
+               "ReduceMin", "ReduceMax", "Expand")
 _SMALL = 64
 
 
@@ -126,6 +134,27 @@ def _value(node: onnx.NodeProto, shapes: dict[str, list[int | None]], constants:
     if value.dtype.kind not in "iub" or value.size > _SMALL:
         return None
     return value
+
+
+def _where_kept(node: onnx.NodeProto, shapes: dict[str, list[int | None]], constants: dict[str, np.ndarray]
+                ) -> str | None:
+    """The operand a ``Where`` returns as it is, when its condition is a constant of one value throughout and that
+    operand has the output's static shape (the condition broadcasts without growing it), else None."""
+    if node.op_type != "Where" or node.domain not in ("", "ai.onnx") or len(node.input) != 3:
+        return None
+    condition = constants.get(node.input[0])
+    if condition is None or condition.dtype != np.bool_ or condition.size == 0:
+        return None
+    if condition.all():
+        kept = node.input[1]
+    elif not condition.any():
+        kept = node.input[2]
+    else:
+        return None
+    out, operand = shapes.get(node.output[0]), shapes.get(kept)
+    if out is None or operand != out or None in out or len(condition.shape) > len(out):
+        return None
+    return kept
 
 
 def _evaluate(node: onnx.NodeProto, constants: dict[str, np.ndarray], opset: int) -> np.ndarray:

@@ -154,3 +154,70 @@ def test_static_train_steps_keep_no_shape_kernels(name):
     windows all start inside its input)."""
     step = lower_artifacts(ARTIFACTS / name).step.model
     assert not {"Shape", "Size"} & set(_ops(step))
+
+
+def _index_check(x_shape, indices, picked_shape):
+    """GatherGrad's index checks on constant indices: normalized against the axis's size (from Shape), a Where
+    over dY-like values picking them where all are inside; ``picked_shape``: the picked operand's shape."""
+    const = helper.make_node("Constant", [], ["idx"], value=helper.make_tensor("idx", I64, [len(indices)], indices))
+    nodes = [const,
+             helper.make_node("Shape", ["x"], ["dims"]),
+             helper.make_node("Gather", ["dims", "axis"], ["size"], axis=0),
+             helper.make_node("Less", ["idx", "zero"], ["negative"]),
+             helper.make_node("Where", ["negative", "wrapped", "idx"], ["positions"]),
+             helper.make_node("Add", ["idx", "size"], ["wrapped"]),
+             helper.make_node("GreaterOrEqual", ["positions", "zero"], ["low"]),
+             helper.make_node("Less", ["positions", "size"], ["high"]),
+             helper.make_node("And", ["low", "high"], ["inside"]),
+             helper.make_node("Not", ["inside"], ["outside"]),
+             helper.make_node("Unsqueeze", ["inside", "axes"], ["mask"]),
+             helper.make_node("Slice", ["x", "zero_1", "rows", "zero_1"], ["values"]),
+             helper.make_node("Where", ["mask", "values", "fill"], ["picked"])]
+    # the nodes out of order on purpose: a round folds what its inputs fix, the next round the rest
+    nodes = [nodes[0], nodes[1], nodes[2], nodes[3], nodes[5], nodes[4], *nodes[6:]]
+    model = _model(nodes, x_shape, [("picked", F32), ("outside", TensorProto.BOOL), ("positions", I64)])
+    model.graph.initializer.extend([
+        onnx.numpy_helper.from_array(np.array(0, np.int64), "axis"),
+        onnx.numpy_helper.from_array(np.array(0, np.int64), "zero"),
+        onnx.numpy_helper.from_array(np.array([0], np.int64), "zero_1"),
+        onnx.numpy_helper.from_array(np.array([picked_shape[0]], np.int64), "rows"),
+        onnx.numpy_helper.from_array(np.array([1], np.int64), "axes"),
+        onnx.numpy_helper.from_array(np.array(0.0, np.float32), "fill")])
+    return model
+
+
+@pytest.mark.parametrize("indices, kept", [([-1, 1], "values"), ([5, 7], "fill"), ([0, 9], None)])
+def test_index_checks_on_constant_indices_fold(indices, kept):
+    """Comparisons and logic on constants fold; a Where whose folded condition is one value throughout becomes
+    an Identity of the operand it picks when that operand has the output's shape, else it stays."""
+    model = _index_check([2, 3], indices, [2, 3])
+    x = np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32)
+    want = _run(model, x)
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)
+    fold_static_shapes(folded)
+    ops = _ops(folded)
+    assert not {"Shape", "Less", "GreaterOrEqual", "And", "Not", "Add"} & set(ops)
+    picked = next(n for n in folded.graph.node if n.output[0] == "picked")
+    if kept == "values":  # all inside: dY itself
+        assert picked.op_type == "Identity" and list(picked.input) == ["values"]
+    elif kept == "fill":  # all outside: the fill is a scalar, not of the output's shape, so the Where stays
+        assert picked.op_type == "Where"
+    else:  # mixed
+        assert picked.op_type == "Where"
+    for got, expected in zip(_run(folded, x), want, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_a_where_whose_condition_grows_the_operand_stays():
+    """[1, 3] values against a [2, 3] all-true condition: the output is [2, 3], not the operand."""
+    const = helper.make_node("Constant", [], ["cond"], value=helper.make_tensor("cond", TensorProto.BOOL, [2, 3],
+                                                                                  [True] * 6))
+    nodes = [const, helper.make_node("Shape", ["x"], ["dims"]),
+             helper.make_node("Where", ["cond", "x", "zero"], ["y"])]
+    model = _model(nodes, [1, 3], [("y", F32), ("dims", I64)])
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(0.0, np.float32), "zero"))
+    fold_static_shapes(model)
+    assert next(n for n in model.graph.node if n.output[0] == "y").op_type == "Where"
+    x = np.ones((1, 3), np.float32)
+    assert _run(model, x)[0].shape == (2, 3)

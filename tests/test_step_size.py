@@ -4,6 +4,7 @@ Trainer's choice of one intra-op thread and the memory pattern for a small step 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -140,11 +141,14 @@ def test_a_symbolic_batch_is_decided_by_the_first_batch(cnn):
     np.testing.assert_allclose(trainer.params[models.params[0]], static.params[models.params[0]], rtol=1e-6)
 
 
-def test_a_symbolic_batch_with_the_callers_threads_is_not_decided(cnn):
+def test_a_symbolic_batch_with_the_callers_threads_keeps_them(cnn):
     models, start = cnn
     trainer = Trainer(_symbolic_batch(models), start, threads=2)
     assert trainer.small_step is None and trainer.threads == 2
-    assert not trainer._decide_at_first_step
+    data = dict(np.load(ARTIFACTS / "cnn" / "data.npz"))
+    trainer.step({models.step.interface.data[0]: data["input"], "labels": data["labels"]})
+    assert trainer.small_step is True and trainer.threads == 2  # the batch's own session, the caller's threads
+    assert _session_options(trainer).intra_op_num_threads == 2
 
 
 def test_a_symbolic_batch_found_large_keeps_the_default(cnn, monkeypatch):
@@ -157,3 +161,61 @@ def test_a_symbolic_batch_found_large_keeps_the_default(cnn, monkeypatch):
     trainer.step({models.step.interface.data[0]: data["input"], "labels": data["labels"]})
     assert trainer.small_step is False and trainer.threads is None
     assert trainer._bound.session is session  # no second session
+
+
+def _symbolic_artifact(name: str, directory: Path) -> Path:
+    """A copy of a committed artifact whose training model declares a symbolic batch (lowered as such)."""
+    shutil.copytree(ARTIFACTS / name, directory)
+    model = onnx.load(directory / "training_model.onnx")
+    for value in model.graph.input[:2]:  # the data and the labels
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    del model.graph.value_info[:]
+    onnx.save(model, directory / "training_model.onnx")
+    return directory
+
+
+def test_each_batch_shape_runs_its_own_folded_session(tmp_path, monkeypatch):
+    """A symbolic batch: each batch shape gets a session of the model with that shape fixed and its shape
+    arithmetic folded (kept for the next batch of that shape), training bit for bit as the unfolded model does."""
+    directory = _symbolic_artifact("mlp_act", tmp_path / "mlp_act")
+    models = lower_artifacts(directory)
+    start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")))
+    assert any(n.op_type == "Shape" for n in models.step.model.graph.node)  # the batch's size, read per step
+    data = dict(np.load(directory / "data.npz"))
+    names = (*models.step.interface.data[:1], "target")
+    full = dict(zip(names, (data["input"], data["labels"]), strict=True))
+    part = {k: v[:2] for k, v in full.items()}  # an epoch's last, smaller batch
+    batches = [full, full, part, full, part]
+    trainer = Trainer(models, start, threads=1)
+    losses, sessions = [], []
+    for batch in batches:
+        losses.append(trainer.step(batch))
+        sessions.append(trainer._bound.session)
+    assert sessions[0] is sessions[1] is sessions[3] and sessions[2] is sessions[4] and sessions[0] is not sessions[2]
+    assert trainer.small_step is True and len(trainer._shaped) == 2
+    folded = _session_models(models, start, batches[:1])
+    assert folded and not any(n.op_type == "Shape" for n in folded[0].graph.node)
+    monkeypatch.setattr("lowering.training.trainer.fold_static_shapes", lambda model: 0)
+    monkeypatch.setattr("lowering.training.trainer.with_input_shapes", lambda model, shapes: model)
+    plain = Trainer(models, start, threads=1)
+    plain_losses = [plain.step(batch) for batch in batches]
+    assert [np.float32(x).tobytes() for x in losses] == [np.float32(x).tobytes() for x in plain_losses]
+    params, plain_params = trainer.params, plain.params
+    for p in models.params:
+        assert params[p].tobytes() == plain_params[p].tobytes(), p
+
+
+def _session_models(models, start, batches) -> list[onnx.ModelProto]:
+    """The models the Trainer builds sessions of while it takes ``batches``, after the first."""
+    built = []
+
+    class Recording(Trainer):
+        @staticmethod
+        def _session(model, options, what):
+            built.append(model)
+            return Trainer._session(model, options, what)
+
+    trainer = Recording(models, start, threads=1)
+    for batch in batches:
+        trainer.step(batch)
+    return built[1:]

@@ -33,9 +33,10 @@ from onnx import numpy_helper
 
 from lowering.modelio import load_model
 from lowering.passes import lower_runnable
+from lowering.static_shapes import fold_static_shapes
 from lowering.training.checkpoint import Checkpoint, CheckpointError, read_checkpoint, write_checkpoint
 from lowering.training.labels import LabelInput, check_labels, label_inputs
-from lowering.training.step_size import step_is_small
+from lowering.training.step_size import step_is_small, with_input_shapes
 from lowering.training.train_step import FIRST_MOMENT, SECOND_MOMENT, BoundStep, TrainStep, bound_model, train_step
 from opdef.errors import ModelError, OplowerError, RuntimeFailure
 from runtime.session import np_dtype, ort_message
@@ -193,11 +194,11 @@ class Trainer:
         self.step_count = start.step  # optimizer steps taken: the next one passes step_count + 1
         # a small step (lowering.training.step_size): one intra-op thread, unless the caller chose, and the memory
         # pattern; 0.53-0.86x of the 2-thread step on the committed tiny artifacts. A symbolic dim (the batch)
-        # leaves it unknown until the first step shows the batch's shapes (_decide_at_first_step)
+        # leaves it unknown until a step shows the batch's shapes (_follow_batch_shapes)
         step_model = models.step.model if models.step is not None else models.training
         self.small_step: bool | None = step_is_small(step_model)
-        self._decide_at_first_step = (self.small_step is None and threads is None and memory_pattern is None
-                                      and models.step is not None)
+        self._decide_at_first_step = self.small_step is None and models.step is not None
+        self._chosen = (threads, memory_pattern)  # the caller's, which a step's shapes do not override
         if threads is None and self.small_step:
             threads = 1
         self.threads = threads  # None: onnxruntime's default (one per physical core)
@@ -218,6 +219,9 @@ class Trainer:
             state = {**params, **moments, **{n: start.frozen[n] for n in interface.updated_frozen}}
             constants = {n: v for n, v in start.frozen.items() if n not in interface.updated_frozen}
             self._bound = BoundStep(session, interface, state, constants, self.learning_rate, self._bound_model)
+            # a symbolic dim: the sessions by the batches' shapes (_follow_batch_shapes)
+            self._generic, self._signature = session, None
+            self._shaped: dict[tuple, tuple[ort.InferenceSession, bool]] = {}
             self._sgd_moments = moments  # SGD has none; kept so the moments read the same either way
             return
         self._params, self._frozen = params, dict(start.frozen)
@@ -312,15 +316,34 @@ class Trainer:
         options.enable_mem_pattern = memory_pattern
         return options
 
-    def _decide_small_step(self, batch: Mapping[str, np.ndarray]) -> None:
-        """The small-step choice of a step with a symbolic dim, from the first batch's shapes: a small one moves
-        to a session with one thread and the memory pattern (the state stays where it is)."""
-        self._decide_at_first_step = False
-        shapes = {n: np.shape(batch[n]) for n in self.models.step.interface.data if n in batch}
-        self.small_step = bool(step_is_small(self.models.step.model, shapes))
-        if self.small_step:
-            self.threads = 1
-            session = self._session(self._bound_model.model, self._options(1, self._spinning, True), "train-step model")
+    def _follow_batch_shapes(self, batch: Mapping[str, np.ndarray]) -> None:
+        """A step with a symbolic dim (the batch), decided by the shapes of the batch at hand: a small step runs a
+        session of its own for those shapes, with one thread and the memory pattern (unless the caller chose
+        either), whose model has the shapes fixed and its shape arithmetic folded
+        (:func:`lowering.static_shapes.fold_static_shapes`: held-out vit_dyn 599 -> 385 kernels, every Shape chain
+        and its GatherGrads' index checks on constant indices); a large one the session built first. Up to four shapes keep their sessions (a last, smaller batch of an epoch
+        and back cost no rebuild); the state stays where it is (:meth:`BoundStep.replace_session`)."""
+        shapes = {n: tuple(np.shape(batch[n])) for n in self.models.step.interface.data if n in batch}
+        signature = tuple(sorted(shapes.items()))
+        if signature == self._signature:
+            return
+        self._signature = signature
+        known = self._shaped.get(signature)
+        if known is None:
+            small = bool(step_is_small(self.models.step.model, shapes))
+            session = self._generic
+            threads, pattern = self._chosen
+            if small:
+                model = with_input_shapes(self._bound_model.model, shapes)
+                fold_static_shapes(model)
+                options = self._options(threads or 1, self._spinning, True if pattern is None else pattern)
+                session = self._session(model, options, "train-step model")
+            if len(self._shaped) >= 4:
+                self._shaped.pop(next(iter(self._shaped)))
+            known = self._shaped[signature] = (session, small)
+        session, self.small_step = known
+        self.threads = self._chosen[0] or (1 if self.small_step else None)
+        if session is not self._bound.session:
             self._bound.replace_session(session)
 
     @staticmethod
@@ -337,7 +360,7 @@ class Trainer:
             check_labels(batch, self.models.labels, f"step {self.step_count + 1}")
         if self._bound is not None:
             if self._decide_at_first_step:
-                self._decide_small_step(batch)
+                self._follow_batch_shapes(batch)
             self.step_count += 1
             self._bound.set_learning_rate(float(self.learning_rate.reshape(-1)[0]))
             try:

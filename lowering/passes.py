@@ -26,6 +26,7 @@ from onnx_ir.passes import InPlacePass, PassResult
 from lowering import graphs, ir_bridge
 from lowering.builder import NodeBuilder
 from lowering.compat import needs_old_runtime_forms, old_runtime_forms, runtime_ir_version
+from lowering.loss_forms import shorten_cross_entropy
 from lowering.modelio import check_structure
 from lowering.rules import LoweringOptions, LoweringRequest, check_portable, check_target, rule_for
 from lowering.static_shapes import fold_static_shapes
@@ -162,7 +163,9 @@ def lower_runnable(model: onnx.ModelProto, source: str, *, target: str = "onnxru
     """Lower ``model`` for ``target`` and refuse what would not run there: any op left without a rule, but for
     onnxruntime's own contrib ops (FusedMatMul ...) on the onnxruntime target. Errors start with ``source``
     (the model's file). ``Shape`` / ``Size`` of statically shaped values become constants
-    (:mod:`lowering.static_shapes`): a model run step after step should not recompute what is known."""
+    (:mod:`lowering.static_shapes`): a model run step after step should not recompute what is known. On the
+    onnxruntime target a training graph's SoftmaxCrossEntropyLoss is written out in fewer kernels than
+    onnxruntime's expansion of its function (:mod:`lowering.loss_forms`, the same bits)."""
     try:
         lowered, report = lower_model_with_report(model, target=target)
     except OplowerError as exc:
@@ -175,6 +178,8 @@ def lower_runnable(model: onnx.ModelProto, source: str, *, target: str = "onnxru
     if lowered is model:  # nothing was lowered: the caller's model stays as it is
         lowered = onnx.ModelProto()
         lowered.CopyFrom(model)
+    if target == "onnxruntime":  # the forward loss in fewer kernels than onnxruntime's inlined function
+        shorten_cross_entropy(lowered)
     fold_static_shapes(lowered)
     return lowered
 

@@ -342,9 +342,16 @@ def _view(e: Emitter, name: str, rank: int, shape: list[int], hint: str) -> str:
 
 def _windows(e: Emitter, x: str, channels: int, kernel: tuple[int, ...], k: int, params: ConvParameters) -> str:
     """What each kernel offset reads, [n, C*K, O...]: a grouped Conv with constant one-hot kernels; a 1x1
-    kernel at stride 1 without padding reads X itself."""
-    if k == 1 and all(s == 1 for s in params.strides) and not any(params.pads):
-        return x
+    kernel without padding reads X itself at stride 1, else X's strided subsample by a 1x1 AveragePool."""
+    if k == 1 and not any(params.pads):
+        if all(s == 1 for s in params.strides):
+            return x
+        # a 1x1 AveragePool is x / 1: the one-hot Conv's values (x * 1 summed from zero) in 1 kernel where
+        # onnxruntime ran that Conv as NCHWc between a ReorderInput and a ReorderOutput (3 kernels; resnet_basic's
+        # and regnet's stride-2 shortcut: 7 -> 5 kernels a node), and faster at every size tried (one node, 1
+        # thread, AveragePool/Conv time: [4, 8, 8^2] 0.80, [4, 32, 8^2] 0.93, [4, 64, 8^2] 0.91, [32, 16, 32^2]
+        # 0.98, [32, 64, 8^2] 0.92; a strided Slice was 1.09-1.78 from 16 channels up)
+        return e.b.op1("AveragePool", [x], kernel_shape=list(kernel), strides=list(params.strides), hint="windows")
     onehot = np.zeros((channels * k, 1, *kernel), np.float32)  # channel c, offset i -> output channel c*K + i
     for c in range(channels):
         onehot[c * k + np.arange(k), 0, ...] = np.eye(k, dtype=np.float32).reshape(k, *kernel)

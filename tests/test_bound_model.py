@@ -115,7 +115,6 @@ def test_the_cut_and_the_scalars_are_gone(name):
     assert not splits  # the parameters are bound, not cut
     before = [n for n in step.model.graph.node if n.op_type == "Split" and n.input[0] in flat]
     assert len(before) == 1
-    ops = [n.op_type for n in bound.model.graph.node]
     if step.adamw is not None:
         assert set(bound.scalars.values()) >= {"alpha_correction", "beta_correction", "lr_decay"}
         assert not any("step" in n.input for n in bound.model.graph.node)  # the bias corrections' Pow is gone

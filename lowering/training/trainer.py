@@ -321,8 +321,9 @@ class Trainer:
         session of its own for those shapes, with one thread and the memory pattern (unless the caller chose
         either), whose model has the shapes fixed and its shape arithmetic folded
         (:func:`lowering.static_shapes.fold_static_shapes`: held-out vit_dyn 599 -> 385 kernels, every Shape chain
-        and its GatherGrads' index checks on constant indices); a large one the session built first. Up to four shapes keep their sessions (a last, smaller batch of an epoch
-        and back cost no rebuild); the state stays where it is (:meth:`BoundStep.replace_session`)."""
+        and its GatherGrads' index checks on constant indices); a large one the session built first. Up to four
+        shapes keep their sessions (a last, smaller batch of an epoch and back cost no rebuild); the state stays
+        where it is (:meth:`BoundStep.replace_session`)."""
         shapes = {n: tuple(np.shape(batch[n])) for n in self.models.step.interface.data if n in batch}
         signature = tuple(sorted(shapes.items()))
         if signature == self._signature:

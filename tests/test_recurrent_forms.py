@@ -72,9 +72,10 @@ BODIES = {
     "LSTMTraining": {"Gemm": 1, "Split": 2, "Sigmoid": 1, "Tanh": 2, "Mul": 3, "Add": 1, "Concat": 1},
     # dh + dHAll; dc + (dh o)(1 - tanh^2 c); dz = ([dc, dh, dc, dc] a1) a2 a3; dz R; dc f
     "LSTMGrad": {"Add": 2, "Mul": 6, "Concat": 1, "MatMul": 1},
-    # h R^T + [0, 0, Rb_h] as one Gemm; Split; x_zr + h_zr; one Sigmoid; Split z, r; x_h + r (h R_h^T + Rb_h);
-    # Tanh; (1 - z) h~ + z h; [h', zrh] as one Concat; R^T and the padded bias read by name
-    "GRUTraining": {"Gemm": 1, "Split": 2, "Add": 3, "Sigmoid": 1, "Mul": 3, "Sub": 1, "Tanh": 1, "Concat": 1},
+    # h R_zr^T + x_zr and h R_h^T + Rb_h as two Gemms (onnxruntime fuses the Sigmoid into the first); one Sigmoid;
+    # Split z, r; x_h + r (h R_h^T + Rb_h); Tanh; (1 - z) h~ + z h; [h', zrh] as one Concat; R_zr, R_h and Rb_h
+    # read by name
+    "GRUTraining": {"Gemm": 2, "Split": 1, "Add": 2, "Sigmoid": 1, "Mul": 3, "Sub": 1, "Tanh": 1, "Concat": 1},
     # dh + dHAll; a_h = (dh (1 - z))(1 - h~^2); [a_z, a_r] = ([dh, a_h] f1) f2 f3; dh z + [a_z, a_r] R_zr +
     # (a_h r) R_h
     "GRUGrad": {"Add": 3, "Mul": 7, "Concat": 1, "MatMul": 2},

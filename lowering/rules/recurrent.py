@@ -18,7 +18,9 @@ done on the whole sequence outside it, as batched MatMuls, elementwise ops and R
 - GRU: the same shape; the backward Scan emits [a_z, a_r] and a_h and, for ``linear_before_reset`` 1, reads the
   reset gate's operand ``h_prev R_h^T + R_bh``, computed for all steps before it. With H static on onnxruntime the
   biases come from one product of B's row with a constant 0/1 packing (:func:`_packed_biases`, shared by the
-  forward and the backward); dB is one ReduceSum of the joined per-step gradients.
+  forward and the backward), and a linear_before_reset 1 forward step runs two Gemms, ``h R_zr^T + x_zr`` (the
+  step's x_zr as the Gemm's C; onnxruntime fuses the Sigmoid into it) and ``h R_h^T + R_bh``, where one Gemm of
+  h R^T, a Split and an Add were; dB is one ReduceSum of the joined per-step gradients.
 
 LSTMGrad keeps the direction axis throughout ([S, 1, N, ..] scan inputs, [1, N, H] states): with one direction
 its inputs and outputs (but dX) are the tensors themselves, no Gather or Unsqueeze each; R it reads as [4H, H]
@@ -59,8 +61,8 @@ from lowering.rules.elementwise_grad import input_elem
 
 AXES_INPUT_SINCE = 13  # Unsqueeze/Squeeze take axes as an input from here on
 SPLIT_INPUT_SINCE = 13  # Split's split as an input
-# at most this many elements in GRUTraining's constant [6H, 6H] bias packing (H <= 21: a 1 x 6H x 6H product of a
-# few microseconds at most, against the three kernels it saves)
+# at most this many elements in GRU's constant [6H, 4H] bias packing (H <= 26: a 1 x 6H x 4H product of a few
+# microseconds at most, against the kernels it saves)
 PACKED_BIAS_LIMIT = 16384
 _BACKWARDS = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}
 
@@ -538,40 +540,37 @@ def _gru_biases(e: _Emit, rows: str) -> tuple[str, str]:
 def _packs_biases(e: _Emit) -> bool:
     """Whether GRU's biases are packed by :func:`_packed_biases`: H static (the onnxruntime target) and the packing
     at most PACKED_BIAS_LIMIT elements."""
-    return bool(e.hidden) and 36 * e.hidden * e.hidden <= PACKED_BIAS_LIMIT
+    return bool(e.hidden) and 24 * e.hidden * e.hidden <= PACKED_BIAS_LIMIT
 
 
 def _packed_biases(e: _Emit, request: LoweringRequest, d: int, io: int) -> list[str]:
-    """Direction d's [Wb_zr + Rb_zr, Wb_h] and [0, 0, Rb_h], [3H] each: B's row times a constant 0/1 matrix (each
-    entry one term or the sum of two, exact like the Adds: the same values) and one Split; GRUGrad emits the same
-    nodes, which onnxruntime's common-subexpression elimination runs once for both."""
+    """Direction d's [Wb_zr + Rb_zr, Wb_h] [3H] and Rb_h [H]: B's row times a constant 0/1 matrix (each entry one
+    term or the sum of two, exact like the Adds: the same values) and one Split; GRUGrad emits the same nodes,
+    which onnxruntime's common-subexpression elimination runs once for both."""
     h = e.hidden
-    # rows Wb_z, Wb_r, Wb_h, Rb_z, Rb_r, Rb_h of B; columns the x bias z, r, h blocks and the padded bias
-    blocks = np.zeros((6, 6), e.np_ct)
-    blocks[[0, 1, 2, 3, 4, 5], [0, 1, 2, 0, 1, 5]] = 1
+    # rows Wb_z, Wb_r, Wb_h, Rb_z, Rb_r, Rb_h of B; columns the x bias z, r, h blocks and R_bh
+    blocks = np.zeros((6, 4), e.np_ct)
+    blocks[[0, 1, 2, 3, 4, 5], [0, 1, 2, 0, 1, 3]] = 1
     packing = e.b.const(np.kron(blocks, np.eye(h, dtype=e.np_ct)), hint="bias_packing")
     both = e.b.op1("MatMul", [_drop_direction(e, request, e.up(request.input("B"), io), d), packing])
-    return e.split_node(both, [3 * h, 3 * h], 0)
+    return e.split_node(both, [3 * h, h], 0)
 
 
-def _gru_training_biases(e: _Emit, request: LoweringRequest, d: int, io: int, linear_before_reset: int,
-                        padded: bool) -> tuple[str | None, str | None]:
-    """Direction d's (bias added to X W^T [3H], R_bh as the body adds it: [0, 0, R_bh] when ``padded``), both None
-    without B. linear_before_reset 0: the sum of B's [2, 3H] rows, one Reshape and one ReduceSum (no Slices, Add,
-    Reshape). 1 and ``padded`` with a small H: B's row times a constant 0/1 matrix makes [Wb_zr + Rb_zr, Wb_h, 0, 0,
-    R_bh] at once (each entry one term or the sum of two, exact like the Adds: the same values), split in two:
-    3 kernels instead of 6 (Reshape, Split, Add, Concat, Reshape, Concat)."""
+def _gru_training_biases(e: _Emit, request: LoweringRequest, d: int, io: int,
+                         linear_before_reset: int) -> tuple[str | None, str | None]:
+    """Direction d's (bias added to X W^T [3H], R_bh [H] for linear_before_reset 1), both None without B.
+    linear_before_reset 0: the sum of B's [2, 3H] rows, one Reshape and one ReduceSum (no Slices, Add, Reshape).
+    1 with a small static H: B's row times a constant 0/1 matrix makes [Wb_zr + Rb_zr, Wb_h, R_bh] at once (each
+    entry one term or the sum of two, exact like the Adds: the same values), split in two: 3 kernels instead of 5
+    (Reshape, Slices, Add, Concat, Reshape, Gather)."""
     if request.input("B") is None:
         return None, None
     if not linear_before_reset:
         return e.reduce("ReduceSum", _bias_rows(e, request, d, io, 2), (0,), keepdims=0), None
-    if padded and _packs_biases(e):
+    if _packs_biases(e):
         x_bias, rb_h = _packed_biases(e, request, d, io)
         return x_bias, rb_h
-    x_bias, rb_h = _gru_biases(e, _bias_rows(e, request, d, io, 6))
-    if padded:
-        rb_h = e.b.op1("Concat", [e.b.const(np.zeros(2 * e.hidden, e.np_ct), hint="zeros"), rb_h], axis=0)
-    return x_bias, rb_h
+    return _gru_biases(e, _bias_rows(e, request, d, io, 6))
 
 
 @register_rule("gru_training", targets=TARGETS)
@@ -586,21 +585,23 @@ def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
     lengths = request.input("sequence_lengths")
     mask = _step_mask(e, _steps(e, x), lengths) if lengths else None
     scan_outputs = [role for role in ("HAll", "ZRH") if outputs[role]]
-    # with H static, R_bh rides as [0, 0, R_bh] added to h R^T: one Gemm kernel (h R_zr^T + 0 is h R_zr^T, up to
-    # the sign of a zero that the Sigmoid of the sum does not see)
-    padded = bool(linear_before_reset and request.input("B") and e.hidden)
+    # linear_before_reset 1 with H static (onnxruntime): two Gemms per step, h R_zr^T + x_zr (the step's x_zr as
+    # the Gemm's C) and h R_h^T + R_bh, instead of one Gemm of h R^T + [0, 0, R_bh], a Split and an Add
+    two_gemms = bool(linear_before_reset and e.hidden)
     per_direction: dict[str, list[str]] = {role: [] for role in ("HFinal", "packed")}
     for d, backwards in enumerate(_BACKWARDS[attributes.get("direction", "forward")]):
         w_d, r_d = (_drop_direction(e, request, v, d) for v in (w, r))
         projected = b.op1("MatMul", [x, b.op1("Transpose", [w_d], perm=[1, 0])], hint="x_w")
-        x_bias, rb_h = _gru_training_biases(e, request, d, io, linear_before_reset, padded)
+        x_bias, rb_h = _gru_training_biases(e, request, d, io, linear_before_reset)
         if x_bias is not None:
             projected = b.op1("Add", [projected, x_bias])
         x_zr, x_h = e.split(projected, [2, 1], 2)  # for all steps: the scan inputs
         start = _direction_input(e, request, "initial_h", d, io)
         if start is None:
             start = _state_zeros(e, x, r)
-        if linear_before_reset:
+        if two_gemms:
+            weights = list(_gru_weights(e, r_d)) + ([rb_h] if rb_h else [])
+        elif linear_before_reset:
             weights = [e.weight(r_d)] + ([rb_h] if rb_h else [])
         else:
             weights = list(_gru_weights(e, r_d))
@@ -608,11 +609,14 @@ def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
         def step(s: _Emit, state: list[str], scanned: list[str], weights: list[str]):
             (h,) = state
             x_zr_t, x_h_t = scanned[:2]
-            if linear_before_reset:
-                h_zr, h_h = s.split(s.affine(h, weights[0], weights[1] if padded else None), [2, 1], 1)
-                if not padded and len(weights) > 1:
+            if two_gemms:  # z and r at once (elementwise: the per-gate bits)
+                zr = s.b.op1("Sigmoid", [s.affine(h, weights[0], x_zr_t)])
+                h_h = s.affine(h, weights[1], weights[2] if len(weights) > 2 else None)
+            elif linear_before_reset:
+                h_zr, h_h = s.split(s.affine(h, weights[0]), [2, 1], 1)
+                if len(weights) > 1:
                     h_h = s.add(h_h, weights[1])
-                zr = s.b.op1("Sigmoid", [s.add(x_zr_t, h_zr)])  # z and r at once (elementwise: the per-gate bits)
+                zr = s.b.op1("Sigmoid", [s.add(x_zr_t, h_zr)])
             else:
                 zr = s.b.op1("Sigmoid", [s.affine(h, weights[0], x_zr_t)])
             z, reset = s.split(zr, [1, 1], 1)
@@ -679,7 +683,7 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         if linear_before_reset:  # q = h_prev R_h^T + Rb_h
             q = b.op1("MatMul", [h_prev, r_h_t], hint="q")
             if request.input("B") is not None and _packs_biases(e):  # R_bh from the forward's packing (shared)
-                q = b.op1("Add", [q, e.slice(_packed_biases(e, request, d, io)[1], 2 * e.hidden, 3 * e.hidden, 0)])
+                q = b.op1("Add", [q, _packed_biases(e, request, d, io)[1]])
             elif request.input("B") is not None:
                 q = b.op1("Add", [q, _gru_biases(e, _bias_rows(e, request, d, io, 6))[1]])
         first = b.op1("Concat", [b.op1("Sub", [h_prev, candidate]), q if linear_before_reset else h_prev], axis=2)

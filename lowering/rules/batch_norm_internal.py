@@ -152,9 +152,11 @@ class _Emitter(Emitter):
             # mode with zero running statistics and momentum 0, so its "running" outputs are the batch mean
             # and (biased) variance themselves; Y is the native kernel's, in one pass pair (the staged form
             # below took ~5x longer on [32, 16, 32, 32])
-            # Its outputs 1 and 2 alias inputs 3 and 4 (the kernel writes the running statistics in place), so
-            # those must be buffers of this node alone: not constants (ConstantOfShape vectors broke the recorded
-            # train steps: 1e-2 off after one step), nor one tensor for both. They are scale * 0 and scale * 0.5
+            # Its outputs 1 and 2 alias inputs 3 and 4 (the kernel writes the running statistics in place, even
+            # into a buffer another node reads later), so those must be buffers of this node alone, computed each
+            # run: not constants (folded into initializers, which keep a NaN batch's statistics for every later
+            # run; ConstantOfShape vectors broke the recorded train steps: 1e-2 off after one step), nor one tensor
+            # for both (tests/test_bn_internal_running_buffers.py). They are scale * 0 and scale * 0.5
             # (finite wherever scale is; any finite value vanishes times momentum 0; two constants, so that no
             # common-subexpression pass merges them; Mul by 1 would be removed as a no-op): two kernels, where
             # X's first element per channel times scale took four (Slice, Reshape, Mul, Mul)

@@ -123,7 +123,11 @@ def lower_max_pool_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         # dX's size static: every index outside dX is clamped onto one spare element past its end (-1 counts from
         # the end), cut off by the Slice, so no mask and no Where on dY: 8 -> 7 kernels, and onnxruntime's Max,
         # Min, Equal and Where over [32, 16, 32, 32] took 9.3 ms with the ScatterElements against 7.4 ms; at
-        # most SMALL_CLAMP indices one Clip (1 kernel fewer; onnxruntime's int64 Clip is slower on large inputs)
+        # most SMALL_CLAMP indices one Clip (1 kernel fewer; onnxruntime's int64 Clip is slower on large inputs).
+        # Not MaxUnpool (one kernel where windows do not overlap): onnxruntime 1.32's refuses an index outside its
+        # output and wants the output's batch and channels to be dY's (no spare element), and overwrites a repeated
+        # index instead of adding; nor ScatterND with reduction "add" (no flat views of dY): its CPU kernel runs
+        # the updates in a parallel loop, so the repeated indices of overlapping windows could race
         low, high = e.ints(-1, "spare_below"), e.ints(static_size, "spare_above")
         clamped = b.op1("Clip", [indices, low, high]) if static_size <= SMALL_CLAMP else \
             b.op1("Min", [b.op1("Max", [indices, low]), high])

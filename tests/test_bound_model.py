@@ -4,10 +4,12 @@ model's own results bit for bit, with the kernels they replace gone."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
@@ -132,3 +134,35 @@ def test_sgd_keeps_its_learning_rate_input():
     bound = bound_model(models.step)
     assert models.step.adamw is None and not bound.scalars
     assert "learning_rate" in {i.name for i in bound.model.graph.input}
+
+
+def test_batch_norm_statistics_inputs_are_scratch_buffers():
+    """The training-mode BatchNormalizations (momentum 0) read their running-statistics inputs only times 0: the
+    two Muls of the scale per node that made them go, each a scratch input of the scale's shape."""
+    models, _, _ = _setup("cnn")
+    step = models.step
+    bound = bound_model(step)
+    norms = [n for n in bound.model.graph.node if n.op_type == "BatchNormalization"
+             and any(a.name == "training_mode" and a.i == 1 for a in n.attribute)]
+    assert norms and len(bound.scratch) == 2 * len(norms)
+    for node in norms:
+        assert set(node.input[3:5]) <= set(bound.scratch)
+        assert bound.scratch[node.input[3]][1] == bound.views[node.input[1]][3]  # [C], the scale's shape
+    produced = {o for n in bound.model.graph.node for o in n.output}
+    assert not set(bound.scratch) & produced
+
+
+def test_views_need_every_reader_before_the_update():
+    """A parameter read by a node the update does not wait for (here an extra output of it) could be read after
+    onnxruntime wrote an update result into the flat input in place: no views then (the Split stays)."""
+    models, _, _ = _setup("mlp_act")
+    step = models.step
+    model = onnx.ModelProto()
+    model.CopyFrom(step.model)
+    param = next(iter(bound_model(step).views))
+    model.graph.node.append(helper.make_node("Identity", [param], ["extra"]))
+    model.graph.output.append(helper.make_tensor_value_info("extra", TensorProto.FLOAT, None))
+    guarded = bound_model(dataclasses.replace(step, model=model))
+    assert not guarded.views and guarded.scalars  # the scalars do not depend on it
+    flat = {f.names[0] for f in step.interface.flat}
+    assert any(n.op_type == "Split" and n.input[0] in flat for n in guarded.model.graph.node)

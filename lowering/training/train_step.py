@@ -737,6 +737,12 @@ def _gradient_pieces(b: NodeBuilder, graph: onnx.GraphProto, grads: list[str],
         nonlocal flat_shape
         if rank == 1:
             return value
+        source = value  # a view of a 1-D value (a gradient summed flat, then given the parameter's shape): that value
+        while producer.get(source) is not None and producer[source].op_type in _VIEW_OPS and \
+                producer[source].domain in ("", "ai.onnx"):
+            source = producer[source].input[0]
+            if len((shapes or {}).get(source) or ()) == 1:
+                return source
         node, shape = producer.get(value), (shapes or {}).get(value)
         keep = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "keepdims"), 1) \
             if node is not None and node.op_type == "ReduceSum" and node.domain in ("", "ai.onnx") else 0
@@ -911,16 +917,24 @@ class BoundModel:
     # [1] f32 inputs the caller computes each step (:class:`StepScalarFeed`): {input: StepScalars field}
     scalars: dict[str, str]
     adamw: AdamW | None
+    # inputs bound to buffers of their own, zeros at first, whose values do not matter: {input: (elem type, shape)}
+    scratch: dict[str, tuple[int, tuple[int, ...]]] = dataclasses.field(default_factory=dict)
 
 
 def bound_model(step: TrainStep) -> BoundModel:
-    """``step``'s model with the kernels a binding caller does without: (1) the parameters the flat state form
-    cuts out of its flat input (one Split, a Reshape per parameter of rank other than 1) become inputs of their
-    own, which :class:`BoundStep` binds to the flat input's memory at their offsets (onnxruntime never writes
-    an input, and the update writes the other state set's buffer); (2) AdamW's step scalars (bias corrections,
-    corrected learning rate, learning rate times weight decay: 8 kernels in the flat form) become [1] inputs
-    computed in Python by the same operations (:class:`StepScalarFeed`). ``step``'s model is left as it is,
-    the tensor-in, tensor-out interface of the module docstring."""
+    """``step``'s model with the kernels a binding caller does without (``step``'s model is left as it is, the
+    tensor-in, tensor-out interface of the module docstring):
+
+    1. the parameters the flat state form cuts out of its flat input (one Split, a Reshape per parameter of rank
+       other than 1) become inputs of their own, which :class:`BoundStep` binds to the flat input's memory at
+       their offsets. onnxruntime may write a node's output into an input's buffer (in place, where that node is
+       the input's last reader: the update's nodes, for the flat input), so this is done only where every reader
+       of a view comes before the update (an ancestor of the flat gradient, which the update waits for);
+    2. AdamW's step scalars (bias corrections, corrected learning rate, learning rate times weight decay: 8
+       kernels) become [1] inputs computed in Python by the same operations (:class:`StepScalarFeed`);
+    3. batch norm's training-mode BatchNormalization with momentum 0 (BatchNormInternal's lowering) reads its
+       running-statistics inputs only times 0: they are per-node buffers (the kernel may write its statistics
+       into them) of finite values, two Muls of the scale a node in the model, scratch inputs bound once here."""
     model = onnx.ModelProto()
     model.CopyFrom(step.model)
     graph = model.graph
@@ -932,12 +946,7 @@ def bound_model(step: TrainStep) -> BoundModel:
     readers = _readers(graph)
     dropped: set[int] = set()
     views: dict[str, tuple[str, int, int, tuple[int, ...]]] = {}
-    new_inputs = []
-
-    def view(name: str, flat: FlatState, start: int, end: int, shape: tuple[int, ...]) -> None:
-        views[name] = (flat.names[0], start, end, shape)
-        new_inputs.append(helper.make_tensor_value_info(name, flat.elem_type, list(shape)))
-
+    view_types: dict[str, int] = {}
     for node in graph.node:
         if node.op_type != "Split" or not node.input or node.input[0] not in flats:
             continue
@@ -957,10 +966,16 @@ def bound_model(step: TrainStep) -> BoundModel:
                     kept.append(reader)
                     continue
                 dropped.add(id(reader))
-                view(reader.output[0], flat, start, end, shape)
+                views[reader.output[0]] = (flat.names[0], start, end, shape)
             if kept:
-                view(piece, flat, start, end, (size,))
+                views[piece] = (flat.names[0], start, end, (size,))
+            for name in (piece, *(r.output[0] for r in readers.get(piece, []))):
+                view_types[name] = flat.elem_type
             start = end
+    if views and not _read_before_update(graph, readers, views, dropped):
+        views, dropped = {}, set()
+    new_inputs = [helper.make_tensor_value_info(name, view_types[name], list(shape))
+                  for name, (_, _, _, shape) in views.items()]
     fed: dict[str, str] = {}
     if step.scalars is not None and step.adamw is not None:
         produced = {o for n in graph.node for o in n.output}
@@ -970,8 +985,13 @@ def bound_model(step: TrainStep) -> BoundModel:
                 fed[name] = field
                 new_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]))
         dropped.update(id(n) for n in graph.node if n.output and all(o in fed for o in n.output if o))
-    if not views and not fed:
+    scratch = _batch_norm_scratch(graph, views, view_types, readers)
+    for name, (elem, shape) in scratch.items():
+        new_inputs.append(helper.make_tensor_value_info(name, elem, list(shape)))
+    if not views and not fed and not scratch:
         return BoundModel(model, {}, {}, step.adamw)
+    scratch_sources = set(scratch)
+    dropped.update(id(n) for n in graph.node if n.output and all(o in scratch_sources for o in n.output if o))
     kept_nodes = [n for n in graph.node if id(n) not in dropped]
     del graph.node[:]
     graph.node.extend(kept_nodes)
@@ -980,7 +1000,47 @@ def bound_model(step: TrainStep) -> BoundModel:
     kept_inputs = [vi for vi in graph.input if vi.name in read or vi.name not in ("learning_rate", "step")]
     del graph.input[:]
     graph.input.extend([*kept_inputs, *new_inputs])
-    return BoundModel(model, views, fed, step.adamw)
+    return BoundModel(model, views, fed, step.adamw, scratch)
+
+
+def _read_before_update(graph: onnx.GraphProto, readers: Mapping[str, list[onnx.NodeProto]],
+                        views: Mapping[str, tuple], dropped: set[int]) -> bool:
+    """Whether every reader of the views is an ancestor of the flat gradient (the update's Concat), so that it runs
+    before any update node can overwrite the flat input in place."""
+    producer = {o: n for n in graph.node for o in n.output}
+    concat = next((n for n in graph.node if n.op_type == "Concat" and n.name.startswith("train_step/")
+                   and any("flat_gradients" in o for o in n.output)), None)
+    if concat is None:
+        return False
+    ancestors: set[int] = set()
+    stack = list(concat.input)
+    while stack:
+        node = producer.get(stack.pop())
+        if node is None or id(node) in ancestors:
+            continue
+        ancestors.add(id(node))
+        stack.extend(_reads(node))
+    return all(id(r) in ancestors for v in views for r in readers.get(v, []) if id(r) not in dropped)
+
+
+def _batch_norm_scratch(graph: onnx.GraphProto, views: Mapping[str, tuple], view_types: Mapping[str, int],
+                        readers: Mapping[str, list[onnx.NodeProto]]) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """{value: (elem type, shape)}: the running-statistics inputs of training-mode BatchNormalizations with momentum
+    0 whose scale is a parameter view (its shape and type known), each read by that node alone."""
+    scratch: dict[str, tuple[int, tuple[int, ...]]] = {}
+    for node in graph.node:
+        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx") or len(node.input) != 5:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        scale = node.input[1]
+        if attrs.get("training_mode") != 1 or float(attrs.get("momentum", 0.9)) != 0.0 or scale not in views:
+            continue
+        stats = node.input[3:5]
+        if stats[0] == stats[1] or any(len(readers.get(v, [])) != 1 or v in scratch for v in stats):
+            continue
+        for value in stats:
+            scratch[value] = (view_types[scale], tuple(views[scale][3]))
+    return scratch
 
 
 class StepScalarFeed:
@@ -1070,6 +1130,10 @@ class BoundStep:
         self._feed = StepScalarFeed(bound.adamw, bound.scalars) if bound is not None and bound.scalars else None
         self._fed_values = {name: ort.OrtValue.ortvalue_from_numpy(array)
                             for name, array in (self._feed.arrays.items() if self._feed else ())}
+        # buffers of their own for inputs whose values do not matter (bound_model's batch-norm scratch)
+        for name, (elem, shape) in (bound.scratch.items() if bound is not None else ()):
+            array = np.zeros(shape, helper.tensor_dtype_to_np_dtype(elem))
+            self._fed_values[name] = ort.OrtValue.ortvalue_from_numpy(array)
         self._names = interface.state_inputs
         # the flat state form: per-parameter state names are views into the flat inputs
         self._views = interface.views()

@@ -51,6 +51,15 @@ SMALL_POSITIONS = 128  # output positions per image up to which dW's per-image p
 # up to 8 * SMALL_POSITIONS, W's layout also where onnxruntime's GEMM blocks the positions alike in both orientations
 # (the same bits, see _same_gemm_blocks) and the windows have at most SMALL_WINDOWS elements
 SMALL_WINDOWS = 1 << 16
+# up to PLANE_POSITIONS output positions per image (2-D and up, kernels of 9 offsets and more), dW's windows come from
+# X's planes ([n*C, 1, ...]) by one Conv with K one-hot kernels instead of the grouped Conv: onnxruntime runs that
+# Conv in NCHWc (its kernel for a 1-channel input, K padded to the block) and adds a ReorderOutput, so 2 kernels more
+# (the planes' Reshape), less time (3x3, the windows Conv and its views, 1 thread, planes/grouped: [4, 8, 8^2] 0.76,
+# [4, 16, 4^2] 0.58, [4, 64, 8^2] 0.69, [4, 3, 16^2] stride 2 0.71, [32, 64, 8^2] 0.59 (2 threads 0.89),
+# [32, 32, 16^2] stride 2 0.74 at 2 threads; 256 positions at stride 1: [4, 16, 16^2] 1.09, [32, 32, 16^2] 1.20 at
+# 2 threads; [32, 16, 32^2] stride 2 1.13. Without NCHWc (graph optimizations at "extended") 0.78-1.11: the gain is
+# the NCHWc kernel's)
+PLANE_POSITIONS = 64
 
 
 def _shape(request: LoweringRequest, name: str):
@@ -230,6 +239,11 @@ def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameter
         # W's layout where onnxruntime's GEMM blocks the positions alike in both orientations (the same bits)
         weight_layout = _same_gemm_blocks(per_group * k, m // group, positions)
     lead = [0, group] if group > 1 else [0]  # group 1: [n, C*K, P] and [n, M, P], as a 1-D conv gives them
+    # few positions per image: the windows of X's planes (see _windows), whose batch axis is n*C, so their views
+    # name the images by -1 and the positions
+    planes = rank > 3 and k >= 9 and positions is not None and positions <= PLANE_POSITIONS and \
+        all(isinstance(d, int) for d in x_shape[2:])
+    col_lead, col_positions = ([-1, *lead[1:]], positions) if planes else (lead, -1)
 
     correlation = _depthwise_correlation(params, x_shape, dy_shape, kernel) if depthwise and len(xs) == 1 else None
     outer = positions == 1 and group == 1 and correlation is None  # one position per image: outer products
@@ -243,25 +257,25 @@ def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameter
             dy_kernels = b.op1("Reshape", [dys[i], e.ints([n_c, 1, *dy_shape[2:]], "dy_kernels")])
             return b.op1("Conv", [x_planes, dy_kernels], group=n_c, kernel_shape=list(dy_shape[2:]),
                          strides=list(params.dilations), dilations=list(params.strides), pads=correlation)
-        cols = _windows(e, xs[i], channels, kernel, k, params)
+        cols = _windows(e, xs[i], channels, kernel, k, params, x_shape[2:] if planes else None)
         if outer:
             # one position per image (an SE block's 1x1 convs): each image's product is the outer product of its dY
             # and window columns, a Mul of dY [n, M, 1...] with the columns as [n, 1, C*K, 1...] (one view, no
             # MatMul; round(dy * x) as the MatMul's one product per element), summed over the images below
-            cols = b.op1("Reshape", [cols, e.ints([0, 1, -1, *[1] * (rank - 3)], "col_row")])
+            cols = b.op1("Reshape", [cols, e.ints([col_lead[0], 1, channels * k, *[1] * (rank - 3)], "col_row")])
             return b.op1("Mul", [dys[i], cols])  # [n, M, C*K, 1...]
         if depthwise:  # per image and channel, the K windows times dY's plane
-            cols = b.op1("Reshape", [cols, e.ints([0, channels, k, -1], "cols")])  # [n, C, K, P]
+            cols = b.op1("Reshape", [cols, e.ints([col_lead[0], channels, k, col_positions], "cols")])  # [n, C, K, P]
             dy_planes = b.op1("Reshape", [dys[i], e.ints([0, channels, -1, 1], "dy_planes")])  # [n, C, P, 1]
             # a batched matrix-vector MatMul reads the windows once (Mul + ReduceSum wrote them again and read
             # them twice: 13.2 against 7.9 ms at 32x48x32^2, 3.4 against 2.7 at 32x192x8^2)
             return b.op1("MatMul", [cols, dy_planes])  # [n, C, K, 1]
         if weight_layout:
-            cols = _view(e, cols, rank, [*lead, per_group * k, -1], "col_groups")  # [n, (g,) C/g*K, P]
+            cols = _view(e, cols, rank, [*col_lead, per_group * k, col_positions], "col_groups")  # [n, (g,) C/g*K, P]
             dy_v = _view(e, dys[i], rank, [*lead, m // group, -1], "dy_groups")  # [n, (g,) M/g, P]
             cols_t = b.op1("Transpose", [cols], perm=[*range(len(lead)), len(lead) + 1, len(lead)])
             return b.op1("MatMul", [dy_v, cols_t])  # [n, (g,) M/g, C/g*K]
-        cols = b.op1("Reshape", [cols, e.ints([0, group, per_group * k, -1], "col_groups")])  # [n, g, C/g*K, P]
+        cols = b.op1("Reshape", [cols, e.ints([col_lead[0], group, per_group * k, col_positions], "col_groups")])
         dy_t = b.op1("Transpose", [b.op1("Reshape", [dys[i], e.ints([0, group, m // group, -1], "dy_groups")])],
                      perm=[0, 1, 3, 2])  # [n, g, P, M/g]
         return b.op1("MatMul", [cols, dy_t])  # [n, g, C/g*K, M/g]
@@ -340,9 +354,12 @@ def _view(e: Emitter, name: str, rank: int, shape: list[int], hint: str) -> str:
     return e.b.op1("Reshape", [name, e.ints(shape, hint)])
 
 
-def _windows(e: Emitter, x: str, channels: int, kernel: tuple[int, ...], k: int, params: ConvParameters) -> str:
+def _windows(e: Emitter, x: str, channels: int, kernel: tuple[int, ...], k: int, params: ConvParameters,
+             planes: tuple[int, ...] | None = None) -> str:
     """What each kernel offset reads, [n, C*K, O...]: a grouped Conv with constant one-hot kernels; a 1x1
-    kernel without padding reads X itself at stride 1, else X's strided subsample by a 1x1 AveragePool."""
+    kernel without padding reads X itself at stride 1, else X's strided subsample by a 1x1 AveragePool. With
+    ``planes`` (X's spatial sizes): X's planes as [n*C, 1, ...] through one group of K one-hot kernels, [n*C, K,
+    O...] (the same memory as [n, C*K, O...])."""
     if k == 1 and not any(params.pads):
         if all(s == 1 for s in params.strides):
             return x
@@ -352,6 +369,13 @@ def _windows(e: Emitter, x: str, channels: int, kernel: tuple[int, ...], k: int,
         # thread, AveragePool/Conv time: [4, 8, 8^2] 0.80, [4, 32, 8^2] 0.93, [4, 64, 8^2] 0.91, [32, 16, 32^2]
         # 0.98, [32, 64, 8^2] 0.92; a strided Slice was 1.09-1.78 from 16 channels up)
         return e.b.op1("AveragePool", [x], kernel_shape=list(kernel), strides=list(params.strides), hint="windows")
+    if planes is not None:
+        # up to PLANE_POSITIONS output positions per image: the planes' one Conv with 1 input channel runs faster
+        # than the grouped one (one Reshape more; see PLANE_POSITIONS)
+        x = e.b.op1("Reshape", [x, e.ints([-1, 1, *planes], "x_planes")])
+        return e.b.op1("Conv", [x, e.b.const(np.eye(k, dtype=np.float32).reshape(k, 1, *kernel), hint="offsets")],
+                       kernel_shape=list(kernel), strides=list(params.strides), dilations=list(params.dilations),
+                       pads=list(params.pads), hint="windows")
     onehot = np.zeros((channels * k, 1, *kernel), np.float32)  # channel c, offset i -> output channel c*K + i
     for c in range(channels):
         onehot[c * k + np.arange(k), 0, ...] = np.eye(k, dtype=np.float32).reshape(k, *kernel)

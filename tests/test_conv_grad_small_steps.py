@@ -104,3 +104,15 @@ def test_planes_windows_in_both_orientations_and_image_parts(small_positions, mo
     want = run_model(lower_model(model), feeds)
     for name in ("dx", "dw", "db"):
         assert np.array_equal(got[name], want[name]), name
+
+
+def test_planes_need_x_spatial_sizes():
+    """X of unknown shape (dY's known): the grouped windows, no planes."""
+    model, feeds, expected = _conv_model((4, 8, 8, 8), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]})
+    x = next(i for i in model.graph.input if i.name == "x")
+    x.type.tensor_type.ClearField("shape")
+    lowered = lower_model(model)
+    assert _plane_windows(lowered) == 0
+    got = run_model(lowered, feeds)
+    for name in ("dx", "dw", "db"):
+        close(got[name], expected[name], F32, name)

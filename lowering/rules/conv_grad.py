@@ -242,7 +242,7 @@ def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameter
     # few positions per image: the windows of X's planes (see _windows), whose batch axis is n*C, so their views
     # name the images by -1 and the positions
     planes = rank > 3 and k >= 9 and positions is not None and positions <= PLANE_POSITIONS and \
-        all(isinstance(d, int) for d in x_shape[2:])
+        x_shape is not None and all(isinstance(d, int) for d in x_shape[2:])
     col_lead, col_positions = ([-1, *lead[1:]], positions) if planes else (lead, -1)
 
     correlation = _depthwise_correlation(params, x_shape, dy_shape, kernel) if depthwise and len(xs) == 1 else None

@@ -284,3 +284,20 @@ def test_cli_writes_the_flat_state_form(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "14 parameters (14 of them in flat.params.float32, with moments)" in printed
     assert onnx.load(out) == train_step_model(ARTIFACTS / "cnn", flat_state=True)
+
+
+@pytest.mark.parametrize("name", ["cnn", "mobilenet"])
+def test_batch_norm_inverse_deviations_are_computed_once(name):
+    """The flat state form computes every batch-norm layer's 1 / sqrt(var + eps) once, over the Concat of the batch
+    statistics the running-statistics update reads, and splits it back (the bits: the test above)."""
+    flat = train_step(ARTIFACTS / name, flat_state=True).model
+    each = _built(name, "onnxruntime").model
+    layers = sum(n.op_type == "Reciprocal" for n in each.graph.node)
+    assert layers >= 2
+    reciprocals = [n for n in flat.graph.node if n.op_type == "Reciprocal"]
+    assert len(reciprocals) == 1
+    producer = {o: n for n in flat.graph.node for o in n.output}
+    add = producer[producer[reciprocals[0].input[0]].input[0]]
+    assert add.op_type == "Add" and producer[add.input[0]].op_type == "Concat"
+    split = next(n for n in flat.graph.node if reciprocals[0].output[0] in n.input)
+    assert split.op_type == "Split" and len(split.output) == 2 * layers  # means and variances, one after another

@@ -309,12 +309,13 @@ def _append_updates(model: onnx.ModelProto, interface: TrainStepInterface, gradi
         _sort_topologically(graph)
     _prune(graph)
     if flat_state:
-        interface = dataclasses.replace(interface, flat_frozen=_flat_frozen_updates(graph, interface, taken, opset))
+        interface = dataclasses.replace(interface, flat_frozen=_flat_frozen_updates(graph, interface, taken, opset,
+                                                                                    portable))
     return interface, scalars if one_d and not portable else None
 
 
-def _flat_frozen_updates(graph: onnx.GraphProto, interface: TrainStepInterface, taken: set[str], opset: int
-                         ) -> tuple[FlatState, ...]:
+def _flat_frozen_updates(graph: onnx.GraphProto, interface: TrainStepInterface, taken: set[str], opset: int,
+                         portable: bool = False) -> tuple[FlatState, ...]:
     """The flat state form of the updated frozen values: where each ``<f>.updated`` is batch norm's running
     statistic update as the lowering emits it, ``Add(Mul(f, momentum), Mul(batch, 1 - momentum))`` with f read by
     nothing else, the values of one element type, shape and pair of constants become one flat input
@@ -360,6 +361,7 @@ def _flat_frozen_updates(graph: onnx.GraphProto, interface: TrainStepInterface, 
         groups.setdefault(key, []).append((f, batch[0], shape, (next(i for i in kept.input if i != f),
                                                                 next(i for i in new.input if i not in batch))))
     states = []
+    joined = []  # (Concat of batch statistics, [(statistic, size)]) of each flat group
     b = NodeBuilder(opset, "train_step", lambda name: name in taken or name in producer, into=graph.node)
     for key, members in groups.items():
         if len(members) < 2:
@@ -373,6 +375,7 @@ def _flat_frozen_updates(graph: onnx.GraphProto, interface: TrainStepInterface, 
         # Mul and Add are commutative bit for bit: the operands' order is the lowering's or not, the same bits
         batch = b.op1("Concat", [m[1] for m in members], axis=0, hint="flat_batch_statistics")
         b.op1("Add", [b.op1("Mul", [name, momentum]), b.op1("Mul", [batch, one_minus])], f"{name}.updated")
+        joined.append((batch, [(m[1], int(np.prod(m[2]))) for m in members]))
         dropped = {m[0] for m in members}
         kept_inputs = [vi for vi in graph.input if vi.name not in dropped]
         kept_inputs.append(helper.make_tensor_value_info(name, elem, [state.size]))
@@ -385,7 +388,55 @@ def _flat_frozen_updates(graph: onnx.GraphProto, interface: TrainStepInterface, 
         states.append(state)
     if states:
         _prune(graph)
+    shared = 0 if portable else sum(_shared_inverse_deviations(b, graph, batch, members, scalar)
+                                    for batch, members in joined)
+    if shared:  # the shared chain's Split comes after the nodes that read its pieces
+        _sort_topologically(graph)
     return tuple(states)
+
+
+def _shared_inverse_deviations(b: NodeBuilder, graph: onnx.GraphProto, batch: str, members: list[tuple[str, int]],
+                               scalar) -> int:
+    """Batch norm's inverse standard deviations ``Reciprocal(Sqrt(Add(var, eps)))``, one chain of 3 kernels per
+    layer, computed once over the Concat of the batch statistics that the flat running-statistics update has
+    already made (``batch``: ``members``' values, (value, size) each, one after another) and Split back: 3 + 1
+    kernels for all layers, the same operations on the same elements (the means' entries computed too and
+    dropped). Taken where two or more batch statistics are read by such a chain alone, with one epsilon; returns
+    how many layers were joined."""
+    readers = _readers(graph)
+
+    def only(value: str, op_type: str) -> onnx.NodeProto | None:
+        """The one reader of ``value`` besides the Concat of the batch statistics, if it is an ``op_type``."""
+        found = [r for r in readers.get(value, []) if batch not in r.output]
+        if len(found) != 1 or found[0].op_type != op_type or found[0].domain not in ("", "ai.onnx"):
+            return None
+        return found[0]
+
+    chains: dict[str, tuple[onnx.NodeProto, ...]] = {}
+    for value, _ in members:
+        add = only(value, "Add")
+        if add is None or len(add.input) != 2 or add.input[0] != value or scalar(add.input[1]) is None:
+            continue
+        sqrt = only(add.output[0], "Sqrt")
+        reciprocal = only(sqrt.output[0], "Reciprocal") if sqrt is not None else None
+        if reciprocal is not None:
+            chains[value] = (add, sqrt, reciprocal)
+    epsilons = {scalar(chain[0].input[1]) for chain in chains.values()}
+    if len(chains) < 2 or len(epsilons) != 1:
+        return 0
+    eps = next(iter(chains.values()))[0].input[1]
+    inverse = b.op1("Reciprocal", [b.op1("Sqrt", [b.op1("Add", [batch, eps])])], hint="inverse_deviations")
+    pieces = [chains[value][2].output[0] if value in chains else b.fresh("unused") for value, _ in members]
+    sizes = [size for _, size in members]
+    if b.opset < 13:  # the sizes an attribute
+        b.op("Split", [inverse], pieces, axis=0, split=sizes)
+    else:
+        b.op("Split", [inverse, b.const(np.array(sizes, np.int64), hint="sizes")], pieces, axis=0)
+    gone = {id(n) for chain in chains.values() for n in chain}
+    kept = [n for n in graph.node if id(n) not in gone]
+    del graph.node[:]
+    graph.node.extend(kept)
+    return len(chains)
 
 
 

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 
 from lowering.builder import NodeBuilder
 from lowering.rules.training_updates import AdamW
-from lowering.training.train_step import StepScalarFeed, bound_model
+from lowering.training.train_step import BoundModel, StepScalarFeed, bound_model
 from lowering.training.trainer import Trainer, initial_parameters, lower_artifacts
 
 ARTIFACTS = Path(__file__).parent / "fixtures" / "ort_training" / "artifacts"
@@ -166,3 +166,29 @@ def test_views_need_every_reader_before_the_update():
     assert not guarded.views and guarded.scalars  # the scalars do not depend on it
     flat = {f.names[0] for f in step.interface.flat}
     assert any(n.op_type == "Split" and n.input[0] in flat for n in guarded.model.graph.node)
+
+
+@pytest.mark.parametrize("name", ["cnn", "mobilenet"])
+def test_a_nan_batch_leaves_no_trace_in_the_scratch(name, monkeypatch):
+    """onnxruntime writes each batch's statistics into the scratch inputs: a batch with a NaN must not spoil the
+    steps after the state is restored (the buffers are zeroed before every run), bit for bit as the plain model."""
+    models, start, batch = _setup(name)
+    key = models.step.interface.data[0]
+    bad = {**batch, key: batch[key].copy()}
+    bad[key].flat[0] = np.nan
+
+    def run():
+        trainer = Trainer(models, start, threads=1)
+        trainer.step(batch)
+        saved = trainer.params, trainer.first_moments, trainer.second_moments, trainer.frozen
+        assert not np.isfinite(trainer.step(bad))
+        trainer.params, trainer.first_moments, trainer.second_moments, trainer.frozen = saved
+        return [trainer.step(batch) for _ in range(2)], trainer
+
+    losses, trainer = run()
+    assert trainer._bound._scratch and all(np.isfinite(losses))
+    assert all(np.isfinite(v).all() for v in trainer.params.values())
+    monkeypatch.setattr("lowering.training.trainer.bound_model",
+                        lambda step: BoundModel(step.model, {}, {}, step.adamw))
+    plain, _ = run()
+    assert [np.float32(x).tobytes() for x in losses] == [np.float32(x).tobytes() for x in plain]

@@ -1181,10 +1181,16 @@ class BoundStep:
         self._feed = StepScalarFeed(bound.adamw, bound.scalars) if bound is not None and bound.scalars else None
         self._fed_values = {name: ort.OrtValue.ortvalue_from_numpy(array)
                             for name, array in (self._feed.arrays.items() if self._feed else ())}
-        # buffers of their own for inputs whose values do not matter (bound_model's batch-norm scratch)
+        # bound_model's batch-norm scratch inputs: ranges of one buffer, zeroed before every run. onnxruntime writes
+        # each batch's statistics into them, and a NaN left there from one batch would spoil every later step (x 0
+        # is NaN still), restored state or not
+        self._scratch: dict[str, tuple[np.dtype, tuple[int, ...], int]] = {}
+        size = 0
         for name, (elem, shape) in (bound.scratch.items() if bound is not None else ()):
-            array = np.zeros(shape, helper.tensor_dtype_to_np_dtype(elem))
-            self._fed_values[name] = ort.OrtValue.ortvalue_from_numpy(array)
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+            self._scratch[name] = (dtype, tuple(shape), size)
+            size += -(-int(np.prod(shape, dtype=np.int64)) * dtype.itemsize // 64) * 64  # 64-byte aligned ranges
+        self._scratch_buffer = np.zeros(size, np.uint8)
         self._names = interface.state_inputs
         # the flat state form: per-parameter state names are views into the flat inputs
         self._views = interface.views()
@@ -1225,6 +1231,9 @@ class BoundStep:
                                 **self._fed_values, **self._sets[i]}.items():
                 if name in inputs:
                     binding.bind_ortvalue_input(name, value)
+            base = self._scratch_buffer.ctypes.data
+            for name, (dtype, shape, offset) in self._scratch.items():
+                binding.bind_input(name, "cpu", 0, dtype, list(shape), base + offset)
             for name, (flat, start, _, shape) in self._bound_views.items():
                 held = self._sets[i][flat]
                 dtype = held.numpy().dtype
@@ -1252,6 +1261,8 @@ class BoundStep:
         self._step_value[0] = step
         if self._feed is not None:
             self._feed.write(self._lr_value[0], step)
+        if self._scratch:
+            self._scratch_buffer.fill(0)
         binding = self._bindings[self._current]
         self.session.run_with_iobinding(binding)
         loss = self._losses[self._current] if self._losses else binding.get_outputs()[0].numpy()

@@ -67,9 +67,10 @@ def _gru(op: str, rng, direction="forward", lengths=None, lbr=1, bias=True, opse
 
 # the bodies of a forward-direction node with every output requested, no sequence_lengths nor peepholes
 BODIES = {
-    # h R^T + x W^T as one Gemm; Split into i|o|f and c; one Sigmoid; Split into i, o, f; c' = f c + i g;
-    # h' = o tanh c'; [h', c', iofc] as one Concat; R^T read by name (no Identity passing it through)
-    "LSTMTraining": {"Gemm": 1, "Split": 2, "Sigmoid": 1, "Tanh": 2, "Mul": 3, "Add": 1, "Concat": 1},
+    # h R_iof^T + x_iof and h R_c^T + x_c as two Gemms (onnxruntime fuses the Sigmoid and the Tanh into them); one
+    # Sigmoid; Split into i, o, f; c' = f c + i g; h' = o tanh c'; [h', c', iofc] as one Concat; R_iof, R_c read by
+    # name (no Identity passing them through)
+    "LSTMTraining": {"Gemm": 2, "Split": 1, "Sigmoid": 1, "Tanh": 2, "Mul": 3, "Add": 1, "Concat": 1},
     # dh + dHAll; dc + (dh o)(1 - tanh^2 c); dz = ([dc, dh, dc, dc] a1) a2 a3; dz R; dc f
     "LSTMGrad": {"Add": 2, "Mul": 6, "Concat": 1, "MatMul": 1},
     # h R_zr^T + x_zr and h R_h^T + Rb_h as two Gemms (onnxruntime fuses the Sigmoid into the first); one Sigmoid;

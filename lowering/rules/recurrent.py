@@ -5,9 +5,11 @@ Per direction, a ``Scan`` over the steps carries the state; everything that does
 done on the whole sequence outside it, as batched MatMuls, elementwise ops and ReduceSums:
 
 - forward: ``X W^T + W_b + R_b`` for all steps at once; the Scan body adds ``h R^T`` and applies the gates, one
-  Sigmoid over the i, o, f blocks (GRU: z, r) and one Tanh over the c block. The requested HAll, CAll, iofc (GRU:
-  HAll, ZRH) leave the body as one packed scan output (a Concat per step rather than an Identity for each new
-  state that is also a scan output), split into the outputs once after the loop.
+  Sigmoid over the i, o, f blocks (GRU: z, r) and one Tanh over the c block. With H static on onnxruntime and no
+  peepholes, the LSTM step runs two Gemms, ``h R_iof^T + x_iof`` and ``h R_c^T + x_c`` (the step's x blocks as
+  their C), which onnxruntime fuses with the Sigmoid and the Tanh (FusedGemm): 11 -> 9 kernels a step. The
+  requested HAll, CAll, iofc (GRU: HAll, ZRH) leave the body as one packed scan output (a Concat per step rather
+  than an Identity for each new state that is also a scan output), split into the outputs once after the loop.
 - backward (backpropagation through time): a Scan opposite to the forward carries dh, dc and emits the gate
   pre-activation gradients dz per step; the gate factors (tanh c, 1 - o, 1 - g^2, ...) are computed for all steps
   before the loop and stacked so that one Mul per factor makes the four gates' dz with the same products in the
@@ -345,6 +347,10 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
     lengths = request.input("sequence_lengths")
     mask = _step_mask(e, _steps(e, x), lengths) if lengths else None
     scan_outputs = [r for r in ("HAll", "CAll", "iofc") if outputs[r]]
+    # without peepholes, H static (onnxruntime): two Gemms a step, h R_iof^T + x_iof and h R_c^T + x_c (the step's
+    # x blocks as the Gemms' C), which onnxruntime fuses with the Sigmoid and the Tanh (FusedGemm), instead of one
+    # Gemm, a Split, a Sigmoid and a Tanh
+    two_gemms = request.input("P") is None and bool(e.hidden)
     per_direction: dict[str, list[str]] = {r: [] for r in ("HFinal", "CFinal", "packed")}
     for d, backwards in enumerate(_BACKWARDS[request.inference.attributes.get("direction", "forward")]):
         w_d, r_d = (_drop_direction(e, request, v, d) for v in (w, r))
@@ -352,16 +358,28 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
         pair = _bias_rows(e, request, d, io, 2)
         if pair is not None:  # W_b + R_b, [2, 4H] -> [4H]
             projected = b.op1("Add", [projected, e.reduce("ReduceSum", pair, (0,), keepdims=0)])
-        r_t = e.weight(r_d)
         start = _states(e, request, ("initial_h", "initial_c"), d, io, x, r)
         peep = _direction_input(e, request, "P", d, io)
         peepholes = None
         if peep is not None:
             blocks = b.op1("Reshape", [peep, e.ints([3, -1], "peephole_blocks")])
             peepholes = [e.pick(blocks, k, 0) for k in range(3)]  # p_i, p_o, p_f
+        if two_gemms:
+            weights = e.split_node(r_d, [3 * e.hidden, e.hidden], 0)
+            scans = e.split(projected, [3, 1], 2)
+        else:
+            weights, scans = [e.weight(r_d)] + (peepholes or []), [projected]
 
         def step(s: _Emit, state: list[str], scanned: list[str], weights: list[str]):
             h, c = state
+            if two_gemms:
+                iof = s.b.op1("Sigmoid", [s.affine(h, weights[0], scanned[0])])
+                g = s.b.op1("Tanh", [s.affine(h, weights[1], scanned[1])])
+                i, o, f = s.split(iof, [1, 1, 1], 1)
+                activated = [iof, g]
+                c_new = s.add(s.mul(f, c), s.mul(i, g))
+                h_new = s.mul(o, s.b.op1("Tanh", [c_new]))
+                return _lstm_outputs(s, h, c, h_new, c_new, activated, scanned[2] if mask else None)
             r_t = weights[0]
             peepholes = weights[1:] or None
             z = s.affine(h, r_t, scanned[0])
@@ -380,21 +398,23 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
                 o = s.b.op1("Sigmoid", [s.add(z_o, s.mul(peepholes[1], c_new))])
                 activated = [i, o, f, g]
             h_new = s.mul(o, s.b.op1("Tanh", [c_new]))
+            return _lstm_outputs(s, h, c, h_new, c_new, activated, scanned[1] if mask else None)
+
+        def _lstm_outputs(s: _Emit, h: str, c: str, h_new: str, c_new: str, activated: list[str], keep: str | None):
             # the requested HAll, CAll, iofc as one packed scan output (one Concat per step, not an Identity each
             # for the new states); split once after the loop
             parts = {"HAll": [h_new], "CAll": [c_new], "iofc": activated}
             pieces = [p for role in scan_outputs for p in parts[role]]
             outs = [s.b.op1("Concat", pieces, axis=1) if len(pieces) > 1 else pieces[0]] if pieces else []
-            if mask is None:
+            if keep is None:
                 return [h_new, c_new], outs
-            keep = scanned[1]
             zero = s.scalar(0.0, "zero")
             return ([s.b.op1("Where", [keep, h_new, h]), s.b.op1("Where", [keep, c_new, c])],
                     [s.b.op1("Where", [keep, v, zero]) for v in outs])
 
-        scans = [projected] + ([f"mask:{mask}"] if mask else [])
+        scans = scans + ([f"mask:{mask}"] if mask else [])
         finals, packed = _scan(e, "lstm_forward", start, scans, step, 1 if scan_outputs else 0, backwards,
-                               [r_t] + (peepholes or []), outer=e.onnxruntime)
+                               weights, outer=e.onnxruntime)
         per_direction["HFinal"].append(finals[0])
         per_direction["CFinal"].append(finals[1])
         per_direction["packed"] += packed

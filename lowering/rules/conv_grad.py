@@ -5,12 +5,13 @@
   stride 1, for depthwise kernels up to 3x3 and 1x1 kernels: a Conv of dY with the kernels flipped and in/out
   channels swapped.
 - ``dW``: the windows of X (a grouped Conv with constant one-hot kernels, one output channel per input
-  channel and kernel offset) times dY, a batched MatMul per image and group, summed over the images
+  channel and kernel offset; up to PLANE_POSITIONS output positions, X's planes [n*C, 1, ...] through one Conv
+  with the K one-hot kernels) times dY, a batched MatMul per image and group, summed over the images
   (depthwise: a batched matrix-vector MatMul per image and channel, or where small or the kernel 5x5 and up a
-  Conv correlating X's planes with dY's, one group per image and channel; a 1x1 kernel at stride 1 without
-  padding reads X itself, no windows; one output position per image: the outer products of dY and the windows, a
-  Mul, summed by one ReduceSum); see :func:`_kernel_gradient` for the measurements against the single Conv that
-  correlates X with dY, the form before.
+  Conv correlating X's planes with dY's, one group per image and channel; a 1x1 kernel without padding reads X
+  itself at stride 1, its strided subsample by a 1x1 AveragePool otherwise; one output position per image: the
+  outer products of dY and the windows, a Mul, summed by one ReduceSum); see :func:`_kernel_gradient` for the
+  measurements against the single Conv that correlates X with dY, the form before.
 - ``dB``: dY summed over every axis but 1 (static N and M: over the positions per image, then over the
   images by a ones MatMul; one position per image: one ReduceSum).
 

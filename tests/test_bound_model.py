@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 
 from lowering.builder import NodeBuilder
 from lowering.rules.training_updates import AdamW
-from lowering.training.train_step import BoundModel, StepScalarFeed, bound_model
+from lowering.training.train_step import BoundModel, StepScalarFeed, bound_model, merge_staged_sums
 from lowering.training.trainer import Trainer, initial_parameters, lower_artifacts
 
 ARTIFACTS = Path(__file__).parent / "fixtures" / "ort_training" / "artifacts"
@@ -189,6 +189,42 @@ def test_a_nan_batch_leaves_no_trace_in_the_scratch(name, monkeypatch):
     assert trainer._bound._scratch and all(np.isfinite(losses))
     assert all(np.isfinite(v).all() for v in trainer.params.values())
     monkeypatch.setattr("lowering.training.trainer.bound_model",
-                        lambda step: BoundModel(step.model, {}, {}, step.adamw))
+                        lambda step, single_thread=False: BoundModel(step.model, {}, {}, step.adamw))
     plain, _ = run()
     assert [np.float32(x).tobytes() for x in losses] == [np.float32(x).tobytes() for x in plain]
+
+
+def test_staged_sums_are_merged_for_one_thread_only():
+    """Batch norm's per-channel sums in two stages (spatial axes, then the batch) become one ReduceSum where the
+    session has one thread (the bits: test_bound_steps_are_the_train_step_models_bits runs one thread)."""
+    models, _, _ = _setup("cnn")
+
+    def pairs(model):
+        producer = {o: n for n in model.graph.node for o in n.output}
+        return sum(n.op_type == "ReduceSum" and n.input[0] in producer and producer[n.input[0]].op_type == "ReduceSum"
+                   for n in model.graph.node)
+
+    two, one = bound_model(models.step), bound_model(models.step, single_thread=True)
+    # two batch-norm layers, two staged sums each (the loss gradient's keepdims pair is another kind)
+    assert pairs(two.model) - pairs(one.model) == 4
+    sums = [n.op_type for n in one.model.graph.node].count("ReduceSum")
+    assert sums == [n.op_type for n in two.model.graph.node].count("ReduceSum") - 4
+    start = _setup("cnn")[1]
+    assert Trainer(models, start, threads=1)._merged and not Trainer(models, start, threads=2)._merged
+
+
+def test_a_staged_sum_whose_first_stage_is_an_output_stays():
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x", "spatial"], ["rows"], keepdims=0),
+         helper.make_node("ReduceSum", ["rows", "batch"], ["total"], keepdims=0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("rows", TensorProto.FLOAT, [2, 3])],
+        [onnx.numpy_helper.from_array(np.array([2], np.int64), "spatial"),
+         onnx.numpy_helper.from_array(np.array([0], np.int64), "batch")])
+    assert merge_staged_sums(graph) == 0
+    del graph.output[1:]
+    assert merge_staged_sums(graph) == 1 and len(graph.node) == 1
+    merged = graph.node[0]
+    axes = next(t for t in graph.initializer if t.name == merged.input[1])
+    assert merged.input[0] == "x" and onnx.numpy_helper.to_array(axes).tolist() == [0, 2]

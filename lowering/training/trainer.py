@@ -37,7 +37,15 @@ from lowering.static_shapes import fold_static_shapes
 from lowering.training.checkpoint import Checkpoint, CheckpointError, read_checkpoint, write_checkpoint
 from lowering.training.labels import LabelInput, check_labels, label_inputs
 from lowering.training.step_size import step_is_small, with_input_shapes
-from lowering.training.train_step import FIRST_MOMENT, SECOND_MOMENT, BoundStep, TrainStep, bound_model, train_step
+from lowering.training.train_step import (
+    FIRST_MOMENT,
+    SECOND_MOMENT,
+    BoundStep,
+    TrainStep,
+    bound_model,
+    merge_staged_sums,
+    train_step,
+)
 from opdef.errors import ModelError, OplowerError, RuntimeFailure
 from runtime.session import np_dtype, ort_message
 
@@ -214,7 +222,9 @@ class Trainer:
             interface = models.step.interface
             # the parameters bound as views of the flat state and AdamW's step scalars computed here: ~9 kernels
             # fewer per step plus one a parameter of rank other than 1
-            self._bound_model = bound_model(models.step)
+            # one thread: batch norm's staged per-channel sums merged (bound_model's single_thread)
+            self._merged = threads == 1
+            self._bound_model = bound_model(models.step, single_thread=self._merged)
             session = self._session(self._bound_model.model, options, "train-step model")
             state = {**params, **moments, **{n: start.frozen[n] for n in interface.updated_frozen}}
             constants = {n: v for n, v in start.frozen.items() if n not in interface.updated_frozen}
@@ -337,6 +347,8 @@ class Trainer:
             if small:
                 model = with_input_shapes(self._bound_model.model, shapes)
                 fold_static_shapes(model)
+                if (threads or 1) == 1 and not self._merged:  # one thread here, not in the model built first
+                    merge_staged_sums(model.graph)
                 options = self._options(threads or 1, self._spinning, True if pattern is None else pattern)
                 session = self._session(model, options, "train-step model")
             if len(self._shaped) >= 4:

@@ -388,11 +388,13 @@ def _windows(e: Emitter, x: str, channels: int, kernel: tuple[int, ...], k: int,
 def _image_sum(e: Emitter, per_image: str, images, shape: list[int], output: str | None = None) -> str:
     """``per_image`` ([N, ...]) summed over the images, as ``shape`` (written to ``output`` when given). With N
     static a MatMul with a ones row (onnxruntime's ReduceSum over axis 0 took 6.2 ms on [32, 576, 64] in the
-    ResNet step, the MatMul 1.7)."""
+    ResNet step, the MatMul 1.7). The ones a 1-D vector: MatMul computes it as the [1, N] row (the same products
+    and sums) and its result is 1-D, which the train step's flat gradient takes as it is (its Reshape to
+    ``shape`` then goes unread: one kernel fewer a dW)."""
     b = e.b
     if isinstance(images, int):
         flat = b.op1("Reshape", [per_image, e.ints([images, -1], "per_image_rows")])
-        return b.op1("Reshape", [b.op1("MatMul", [b.const(np.ones((1, images), np.float32), hint="ones"), flat]),
+        return b.op1("Reshape", [b.op1("MatMul", [b.const(np.ones(images, np.float32), hint="ones_vector"), flat]),
                                  e.ints(shape, "summed")], output)
     return b.op1("Reshape", [e.reduce("ReduceSum", per_image, (0,), keepdims=0), e.ints(shape, "summed")], output)
 

@@ -968,7 +968,8 @@ class BoundModel:
     # [1] f32 inputs the caller computes each step (:class:`StepScalarFeed`): {input: StepScalars field}
     scalars: dict[str, str]
     adamw: AdamW | None
-    # inputs bound to buffers of their own, zeros at first, whose values do not matter: {input: (elem type, shape)}
+    # inputs bound to buffers of their own whose values do not matter (BoundStep zeroes them before every run):
+    # {input: (elem type, shape)}
     scratch: dict[str, tuple[int, tuple[int, ...]]] = dataclasses.field(default_factory=dict)
 
 
@@ -1226,7 +1227,7 @@ class BoundStep:
     """The train-step model in an onnxruntime session, run with IOBinding: the state (parameters, moments,
     updated frozen values) lives in two sets of OrtValues that swap roles each step (step k reads set k mod 2
     and writes its ``.updated`` outputs into the other), so no state crosses the Python boundary unless it
-    is read; each step copies in only the batch and the step number."""
+    is read; each step copies in only the batch, the step number and (bound_model) the step scalars."""
 
     def __init__(self, session, interface: TrainStepInterface, state: Mapping[str, np.ndarray],
                  constants: Mapping[str, np.ndarray], learning_rate: np.ndarray, bound: BoundModel | None = None

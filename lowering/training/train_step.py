@@ -1274,6 +1274,7 @@ class BoundStep:
         self._losses = _loss_buffers(session, interface.loss)
         self._loss_values = [ort.OrtValue.ortvalue_from_numpy(v) for v in self._losses] if self._losses else []
         self._data: dict = {}
+        self._data_arrays: dict[str, np.ndarray] = {}  # the memory of the data OrtValues
         self._bindings: list = []
         self._current = 0  # the set holding the current state
 
@@ -1310,13 +1311,18 @@ class BoundStep:
     def run(self, batch: Mapping[str, np.ndarray], step: int) -> float:
         rebind = not self._bindings
         for name in self.interface.data:
-            value = np.ascontiguousarray(batch[name])
-            held = self._data.get(name)
-            if held is None or tuple(held.shape()) != value.shape:
-                self._data[name] = self._ort.OrtValue.ortvalue_from_numpy(value.copy())
+            # the batch copied into an array whose memory its OrtValue shares (np.copyto: 2.6 -> 1.1 us a step for
+            # mlp_ce_inmodel's two inputs against OrtValue.shape() and update_inplace)
+            value = batch[name]
+            if not isinstance(value, np.ndarray):
+                value = np.asarray(value)
+            held = self._data_arrays.get(name)
+            if held is None or held.shape != value.shape or held.dtype != value.dtype:
+                held = self._data_arrays[name] = np.array(value, copy=True, order="C")
+                self._data[name] = self._ort.OrtValue.ortvalue_from_numpy(held)
                 rebind = True
             else:
-                held.update_inplace(value)
+                np.copyto(held, value)
         if rebind:
             self._bind()
         self._step_value[0] = step

@@ -287,17 +287,20 @@ def test_cli_writes_the_flat_state_form(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", ["cnn", "mobilenet"])
-def test_batch_norm_inverse_deviations_are_computed_once(name):
-    """The flat state form computes every batch-norm layer's 1 / sqrt(var + eps) once, over the Concat of the batch
-    statistics the running-statistics update reads, and splits it back (the bits: the test above)."""
+def test_batch_norm_inverse_deviations_are_computed_by_the_kernels(name):
+    """The flat state form gives batch norm's gradient BatchNormalizations the batch variance and epsilon, so that
+    each computes 1 / sqrt(var + eps) (times the scale) itself: no Add, Sqrt, Reciprocal per layer, nor the Mul of
+    the scale (the bits: test_flat_state_gives_the_per_parameter_steps_bits)."""
     flat = train_step(ARTIFACTS / name, flat_state=True).model
     each = _built(name, "onnxruntime").model
     layers = sum(n.op_type == "Reciprocal" for n in each.graph.node)
     assert layers >= 2
-    reciprocals = [n for n in flat.graph.node if n.op_type == "Reciprocal"]
-    assert len(reciprocals) == 1
+    assert not any(n.op_type == "Reciprocal" for n in flat.graph.node)
     producer = {o: n for n in flat.graph.node for o in n.output}
-    add = producer[producer[reciprocals[0].input[0]].input[0]]
-    assert add.op_type == "Add" and producer[add.input[0]].op_type == "Concat"
-    split = next(n for n in flat.graph.node if reciprocals[0].output[0] in n.input)
-    assert split.op_type == "Split" and len(split.output) == 2 * layers  # means and variances, one after another
+    reads_variance = [n for n in flat.graph.node if n.op_type == "BatchNormalization" and n.input[4] in producer
+                      and producer[n.input[4]].op_type == "BatchNormalization" and n.input[4] ==
+                      producer[n.input[4]].output[2]]
+    assert len(reads_variance) == 2 * layers  # x * inv_std and the final scale * inv_std, each layer
+    assert all(next(a.f for a in n.attribute if a.name == "epsilon") > 0 for n in reads_variance)
+    assert sum(n.op_type == "Mul" for n in flat.graph.node) <= sum(n.op_type == "Mul" for n in each.graph.node) \
+        - layers

@@ -73,6 +73,8 @@ def _plane_windows(model) -> int:
     ((4, 3, 16, 16), (8, 3, 3, 3), {"pads": [1, 1, 1, 1]}, False),  # 256 positions
     ((4, 8, 8, 8), (16, 8, 2, 2), {"strides": [2, 2]}, False),  # 4 offsets
     ((4, 3, 11), (6, 3, 3), {"pads": [1, 1]}, False),  # 1-D: its windows need no view
+    ((32, 64, 8, 8), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, False),  # windows past PLANE_WINDOWS (full size)
+    ((16, 64, 8, 8), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, True),  # 589,824 window elements: within it
 ])
 def test_few_positions_take_the_windows_of_the_planes(x_shape, w_shape, attrs, taken, monkeypatch):
     model, feeds, expected = _conv_model(x_shape, w_shape, attrs)

@@ -61,6 +61,10 @@ SMALL_WINDOWS = 1 << 16
 # 2 threads; [32, 16, 32^2] stride 2 1.13. Without NCHWc (graph optimizations at "extended") 0.78-1.11: the gain is
 # the NCHWc kernel's)
 PLANE_POSITIONS = 64
+# ... and windows of at most PLANE_WINDOWS elements: the NCHWc Conv's output and its ReorderOutput are a second
+# buffer of the windows' size, which at full size grew the step (MobileNetV2-CIFAR b32: 317 -> 341 MB, 1.04x
+# onnxruntime-training's growth) for no measured gain there (resnet_cifar 0.92-1.01, mobilenet_v2_cifar 0.94-0.97)
+PLANE_WINDOWS = 1 << 20
 
 
 def _shape(request: LoweringRequest, name: str):
@@ -243,7 +247,8 @@ def _kernel_gradient(e: Emitter, request: LoweringRequest, params: ConvParameter
     # few positions per image: the windows of X's planes (see _windows), whose batch axis is n*C, so their views
     # name the images by -1 and the positions
     planes = rank > 3 and k >= 9 and positions is not None and positions <= PLANE_POSITIONS and \
-        x_shape is not None and all(isinstance(d, int) for d in x_shape[2:])
+        x_shape is not None and all(isinstance(d, int) for d in x_shape[2:]) and isinstance(images, int) and \
+        images * channels * k * positions <= PLANE_WINDOWS
     col_lead, col_positions = ([-1, *lead[1:]], positions) if planes else (lead, -1)
 
     correlation = _depthwise_correlation(params, x_shape, dy_shape, kernel) if depthwise and len(xs) == 1 else None

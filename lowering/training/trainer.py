@@ -205,7 +205,7 @@ class Trainer:
         # leaves it unknown until a step shows the batch's shapes (_follow_batch_shapes)
         step_model = models.step.model if models.step is not None else models.training
         self.small_step: bool | None = step_is_small(step_model)
-        self._decide_at_first_step = self.small_step is None and models.step is not None
+        self._follow_shapes = self.small_step is None and models.step is not None  # each batch's shapes decide
         self._chosen = (threads, memory_pattern)  # the caller's, which a step's shapes do not override
         if threads is None and self.small_step:
             threads = 1
@@ -220,9 +220,8 @@ class Trainer:
                    for i, m in enumerate((FIRST_MOMENT, SECOND_MOMENT))}
         if models.step is not None:
             interface = models.step.interface
-            # the parameters bound as views of the flat state and AdamW's step scalars computed here: ~9 kernels
-            # fewer per step plus one a parameter of rank other than 1
-            # one thread: batch norm's staged per-channel sums merged (bound_model's single_thread)
+            # the bound form (train_step.bound_model): parameters bound as views of the flat state, AdamW's step
+            # scalars computed here, batch norm's scratch inputs, and with one thread its staged sums merged
             self._merged = threads == 1
             self._bound_model = bound_model(models.step, single_thread=self._merged)
             session = self._session(self._bound_model.model, options, "train-step model")
@@ -372,7 +371,7 @@ class Trainer:
         if self.models.labels:
             check_labels(batch, self.models.labels, f"step {self.step_count + 1}")
         if self._bound is not None:
-            if self._decide_at_first_step:
+            if self._follow_shapes:
                 self._follow_batch_shapes(batch)
             self.step_count += 1
             self._bound.set_learning_rate(float(self.learning_rate.reshape(-1)[0]))

@@ -219,3 +219,35 @@ def _session_models(models, start, batches) -> list[onnx.ModelProto]:
     for batch in batches:
         trainer.step(batch)
     return built[1:]
+
+
+def test_shapes_past_the_first_few_share_one_session(tmp_path, monkeypatch):
+    """A length that varies batch by batch builds no session per batch: past SHAPED_SESSIONS shapes they share one
+    session of the model as it is (built once), and the training stays bit for bit the unfolded model's."""
+    directory = _symbolic_artifact("mlp_act", tmp_path / "mlp_act")
+    models = lower_artifacts(directory)
+    start = initial_parameters(directory, models, dict(np.load(directory / "initial_params.npz")))
+    data = dict(np.load(directory / "data.npz"))
+    names = (*models.step.interface.data[:1], "target")
+    rows = {k: np.concatenate([v] * 3) for k, v in zip(names, (data["input"], data["labels"]), strict=True)}
+    sizes = [4, 3, 2, 1, 6, 5, 4, 7, 6]  # four shapes, then three more (two of them twice)
+
+    def run(trainer):
+        built = []
+        trainer._session = lambda model, options, what: built.append(model) or Trainer._session(model, options, what)
+        losses, sessions = [], []
+        for n in sizes:
+            losses.append(trainer.step({k: v[:n] for k, v in rows.items()}))
+            sessions.append(trainer._bound.session)
+        return losses, sessions, built
+
+    trainer = Trainer(models, start, threads=1)
+    losses, sessions, built = run(trainer)
+    assert len(built) == Trainer.SHAPED_SESSIONS + 1  # one per shape of the first four, one for all the others
+    assert sessions[4] is sessions[5] is sessions[7] is sessions[8] and sessions[6] is sessions[0]
+    assert not any(n.op_type == "Shape" for n in built[0].graph.node)  # the first shapes' models folded
+    assert any(n.op_type == "Shape" for n in built[-1].graph.node)  # the shared one as it is
+    monkeypatch.setattr("lowering.training.trainer.fold_static_shapes", lambda model: 0)
+    monkeypatch.setattr("lowering.training.trainer.with_input_shapes", lambda model, shapes: model)
+    plain, _, _ = run(Trainer(models, start, threads=1))
+    assert [np.float32(x).tobytes() for x in losses] == [np.float32(x).tobytes() for x in plain]

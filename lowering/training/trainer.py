@@ -231,6 +231,7 @@ class Trainer:
             # a symbolic dim: the sessions by the batches' shapes (_follow_batch_shapes)
             self._generic, self._signature = session, None
             self._shaped: dict[tuple, tuple[ort.InferenceSession, bool]] = {}
+            self._varying: tuple[ort.InferenceSession, bool] | None = None  # shapes past those (_any_shape)
             self._sgd_moments = moments  # SGD has none; kept so the moments read the same either way
             return
         self._params, self._frozen = params, dict(start.frozen)
@@ -330,15 +331,19 @@ class Trainer:
         session of its own for those shapes, with one thread and the memory pattern (unless the caller chose
         either), whose model has the shapes fixed and its shape arithmetic folded
         (:func:`lowering.static_shapes.fold_static_shapes`: held-out vit_dyn 599 -> 385 kernels, every Shape chain
-        and its GatherGrads' index checks on constant indices); a large one the session built first. Up to four
-        shapes keep their sessions (a last, smaller batch of an epoch and back cost no rebuild); the state stays
-        where it is (:meth:`BoundStep.replace_session`)."""
+        and its GatherGrads' index checks on constant indices); a large one the session built first. The first
+        SHAPED_SESSIONS shapes keep their sessions (a last, smaller batch of an epoch and back cost no rebuild);
+        shapes past those (a sequence length that varies batch by batch) share one session of the model as it is,
+        with the first shape's choice of threads, so no step waits for a new session (hundreds of ms) again; the
+        state stays where it is throughout (:meth:`BoundStep.replace_session`)."""
         shapes = {n: tuple(np.shape(batch[n])) for n in self.models.step.interface.data if n in batch}
         signature = tuple(sorted(shapes.items()))
         if signature == self._signature:
             return
         self._signature = signature
         known = self._shaped.get(signature)
+        if known is None and len(self._shaped) >= self.SHAPED_SESSIONS:
+            known = self._any_shape()
         if known is None:
             small = bool(step_is_small(self.models.step.model, shapes))
             session = self._generic
@@ -350,13 +355,31 @@ class Trainer:
                     merge_staged_sums(model.graph)
                 options = self._options(threads or 1, self._spinning, True if pattern is None else pattern)
                 session = self._session(model, options, "train-step model")
-            if len(self._shaped) >= 4:
-                self._shaped.pop(next(iter(self._shaped)))
             known = self._shaped[signature] = (session, small)
         session, self.small_step = known
         self.threads = self._chosen[0] or (1 if self.small_step else None)
         if session is not self._bound.session:
             self._bound.replace_session(session)
+
+    SHAPED_SESSIONS = 4  # batch shapes with a session of their own (see _follow_batch_shapes)
+
+    def _any_shape(self) -> tuple[ort.InferenceSession, bool]:
+        """The session for shapes past the first SHAPED_SESSIONS: the bound model unfolded, with the first shape's
+        choice (one thread and the memory pattern for a small step, unless the caller chose), built once."""
+        if self._varying is None:
+            _, small = next(iter(self._shaped.values()))
+            session = self._generic
+            if small:
+                threads, pattern = self._chosen
+                model = self._bound_model.model
+                if (threads or 1) == 1 and not self._merged:
+                    model = onnx.ModelProto()
+                    model.CopyFrom(self._bound_model.model)
+                    merge_staged_sums(model.graph)
+                options = self._options(threads or 1, self._spinning, True if pattern is None else pattern)
+                session = self._session(model, options, "train-step model")
+            self._varying = (session, small)
+        return self._varying
 
     @staticmethod
     def _session(model: onnx.ModelProto, options: ort.SessionOptions, what: str) -> ort.InferenceSession:

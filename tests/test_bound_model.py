@@ -1,6 +1,7 @@
 """The train-step model as the Trainer runs it (lowering.training.train_step.bound_model): the parameters bound
-as views of the flat state's memory and AdamW's step scalars computed in Python must give the train-step
-model's own results bit for bit, with the kernels they replace gone."""
+as views of the flat state's memory, AdamW's step scalars computed in Python, batch norm's scratch statistics
+inputs and (one thread) its staged sums merged must give the train-step model's own results bit for bit, with
+the kernels they replace gone."""
 
 from __future__ import annotations
 
@@ -64,8 +65,6 @@ def _setup(name: str):
     data = dict(np.load(directory / "data.npz"))
     meta = json.loads((directory / "meta.json").read_text())
     batch = {models.step.interface.data[0]: data["input"], meta["labels_input"]: data["labels"]}
-    if "lengths" in data:  # none of these has one today
-        batch["lengths"] = data["lengths"]
     return models, start, batch
 
 

@@ -35,6 +35,7 @@ def _scalar_session(adamw: AdamW) -> tuple[ort.InferenceSession, list[str]]:
                         helper.make_tensor_value_info("step", TensorProto.INT64, [1])])
     graph.output.extend(helper.make_tensor_value_info(f"out.{f}", TensorProto.FLOAT, None) for f in fields)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # onnxruntime 1.23 (the last for Python 3.10) reads IR 11 at most
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]), fields
 
 

@@ -38,7 +38,9 @@ def _model(shape: tuple, *, ignore_index: int | None = None, reduction: str = "m
     if weight:
         inputs.append(helper.make_tensor_value_info("w", ftype, [shape[1]]))
     graph = helper.make_graph(nodes, "g", inputs, outputs)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8  # onnxruntime 1.23 (the last for Python 3.10) reads IR 11 at most
+    return model
 
 
 def _shortened(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+import numpy as np
 import onnx
 
 from opdef.graphs import GraphLike, all_graphs, all_nodes, model_graphs, subgraphs
@@ -119,6 +120,16 @@ def inferred_types(model: onnx.ModelProto, registry: Registry) -> dict[str, Tens
             if t is not None and t.elem_type is not None:
                 found.setdefault(info.name, t)
     return found
+
+
+def constant_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """The graph's initializers that are no graph input, and its Constant nodes' (``value``) values, by name."""
+    inputs = {i.name for i in graph.input}
+    values = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer if t.name not in inputs}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            values[node.output[0]] = onnx.numpy_helper.to_array(node.attribute[0].t)
+    return values
 
 
 def opset_versions(opset_import: Iterable[onnx.OperatorSetIdProto]) -> dict[str, int]:

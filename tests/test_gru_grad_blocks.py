@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from test_recurrent import GRU_GRAD_IN, GRU_GRAD_OUT, _gru_grad_feeds, _gru_inputs, _lowered, _model
+from test_recurrent_forms import _bodies as scan_bodies
 
 from lowering.rules import recurrent
 from runtime.session import run_model
@@ -27,9 +28,7 @@ def _case(direction="forward", lengths=None, hidden=3, batch=3, lbr=1, d_all=Tru
 
 
 def _bodies(model: onnx.ModelProto) -> list[collections.Counter]:
-    return [collections.Counter(n.op_type for n in next(a.g for a in node.attribute if a.name == "body").node
-                                if n.op_type != "Constant")
-            for node in model.graph.node if node.op_type == "Scan"]
+    return [ops for _, ops in scan_bodies(model)]
 
 
 def _four_blocks(model: onnx.ModelProto) -> bool:

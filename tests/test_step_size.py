@@ -187,14 +187,14 @@ def test_each_batch_shape_runs_its_own_folded_session(tmp_path, monkeypatch):
     part = {k: v[:2] for k, v in full.items()}  # an epoch's last, smaller batch
     batches = [full, full, part, full, part]
     trainer = Trainer(models, start, threads=1)
+    built = _recording(trainer)
     losses, sessions = [], []
     for batch in batches:
         losses.append(trainer.step(batch))
         sessions.append(trainer._bound.session)
     assert sessions[0] is sessions[1] is sessions[3] and sessions[2] is sessions[4] and sessions[0] is not sessions[2]
-    assert trainer.small_step is True and len(trainer._shaped) == 2
-    folded = _session_models(models, start, batches[:1])
-    assert folded and not any(n.op_type == "Shape" for n in folded[0].graph.node)
+    assert trainer.small_step is True and len(trainer._shaped) == 2 and len(built) == 2
+    assert not any(n.op_type == "Shape" for model in built for n in model.graph.node)
     monkeypatch.setattr("lowering.training.trainer.fold_static_shapes", lambda model: 0)
     monkeypatch.setattr("lowering.training.trainer.with_input_shapes", lambda model, shapes: model)
     plain = Trainer(models, start, threads=1)
@@ -205,20 +205,11 @@ def test_each_batch_shape_runs_its_own_folded_session(tmp_path, monkeypatch):
         assert params[p].tobytes() == plain_params[p].tobytes(), p
 
 
-def _session_models(models, start, batches) -> list[onnx.ModelProto]:
-    """The models the Trainer builds sessions of while it takes ``batches``, after the first."""
+def _recording(trainer: Trainer) -> list[onnx.ModelProto]:
+    """The list the models ``trainer`` builds sessions of from now on are appended to."""
     built = []
-
-    class Recording(Trainer):
-        @staticmethod
-        def _session(model, options, what):
-            built.append(model)
-            return Trainer._session(model, options, what)
-
-    trainer = Recording(models, start, threads=1)
-    for batch in batches:
-        trainer.step(batch)
-    return built[1:]
+    trainer._session = lambda model, options, what: built.append(model) or Trainer._session(model, options, what)
+    return built
 
 
 def test_shapes_past_the_first_few_share_one_session(tmp_path, monkeypatch):
@@ -233,8 +224,7 @@ def test_shapes_past_the_first_few_share_one_session(tmp_path, monkeypatch):
     sizes = [4, 3, 2, 1, 6, 5, 4, 7, 6]  # four shapes, then three more (two of them twice)
 
     def run(trainer):
-        built = []
-        trainer._session = lambda model, options, what: built.append(model) or Trainer._session(model, options, what)
+        built = _recording(trainer)
         losses, sessions = [], []
         for n in sizes:
             losses.append(trainer.step({k: v[:n] for k, v in rows.items()}))

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper
 
 from lowering.builder import NodeBuilder
 from lowering.emit_common import Emitter
-from lowering.graphs import default_opset
+from lowering.graphs import constant_values, default_opset
 from lowering.rules.softmax_cross_entropy_loss_grad import counted_labels
 from opdef.verify import value_types_of_graph
 
@@ -38,7 +38,7 @@ def spell_out_for_portable(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = default_opset(model.opset_import) or 13
     taken = {o for n in model.graph.node for o in n.output} | {vi.name for vi in model.graph.input} \
         | {t.name for t in model.graph.initializer}
-    constants = _constant_values(model.graph)
+    constants = constant_values(model.graph)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     del out.graph.node[:]
@@ -57,16 +57,6 @@ def spell_out_for_portable(model: onnx.ModelProto) -> onnx.ModelProto:
         else:
             out.graph.node.append(node)
     return out
-
-
-def _constant_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    """The graph's initializers that are no graph input, and its Constant nodes' values, by name."""
-    inputs = {i.name for i in graph.input}
-    values = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer if t.name not in inputs}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            values[node.output[0]] = onnx.numpy_helper.to_array(node.attribute[0].t)
-    return values
 
 
 def _training(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> bool:

@@ -31,6 +31,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from lowering.builder import NodeBuilder
+from lowering.graphs import constant_values
 from lowering.modelio import load_model
 from lowering.passes import lower_runnable
 from lowering.rules.training_updates import AdamW, StepScalars, sgd_update
@@ -326,9 +327,7 @@ def _flat_frozen_updates(graph: onnx.GraphProto, interface: TrainStepInterface, 
     for n in graph.node:
         for i in n.input:
             readers.setdefault(i, []).append(n)
-    constants = {n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in graph.node
-                 if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"}
-    constants.update({t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer})
+    constants = constant_values(graph)
     inputs = {vi.name: vi for vi in graph.input}
 
     def scalar(name: str):
@@ -388,15 +387,14 @@ def _flat_frozen_updates(graph: onnx.GraphProto, interface: TrainStepInterface, 
         states.append(state)
     if states:
         _prune(graph)
-    shared = 0 if portable else sum(_shared_inverse_deviations(b, graph, batch, members, scalar)
-                                    for batch, members in joined)
+    shared = 0 if portable else sum(_shared_inverse_deviations(b, graph, batch, members) for batch, members in joined)
     if shared:  # the shared chain's Split comes after the nodes that read its pieces
         _sort_topologically(graph)
     return tuple(states)
 
 
-def _shared_inverse_deviations(b: NodeBuilder, graph: onnx.GraphProto, batch: str, members: list[tuple[str, int]],
-                               scalar) -> int:
+def _shared_inverse_deviations(b: NodeBuilder, graph: onnx.GraphProto, batch: str, members: list[tuple[str, int]]
+                               ) -> int:
     """Batch norm's inverse standard deviations ``Reciprocal(Sqrt(Add(var, eps)))``, one chain of 3 kernels per
     layer, computed once over the Concat of the batch statistics that the flat running-statistics update has
     already made (``batch``: ``members``' values, (value, size) each, one after another) and Split back: 3 + 1
@@ -405,6 +403,11 @@ def _shared_inverse_deviations(b: NodeBuilder, graph: onnx.GraphProto, batch: st
     a chain whose every reader is one of batch norm's gradient BatchNormalizations is folded into them instead
     (:func:`_fold_inverse_deviation`: no kernel left for it at all); returns how many layers were folded or joined."""
     readers = _readers(graph)
+    constants = constant_values(graph)
+    # a ConstantOfShape's one value stands for every element of its output
+    constants.update({n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in graph.node
+                      if n.op_type == "ConstantOfShape" and n.domain in ("", "ai.onnx") and len(n.attribute) == 1
+                      and n.attribute[0].name == "value"})
 
     def only(value: str, op_type: str) -> onnx.NodeProto | None:
         """The one reader of ``value`` besides the Concat of the batch statistics, if it is an ``op_type``."""
@@ -413,10 +416,14 @@ def _shared_inverse_deviations(b: NodeBuilder, graph: onnx.GraphProto, batch: st
             return None
         return found[0]
 
+    def epsilon(add: onnx.NodeProto) -> np.generic | None:
+        value = constants.get(add.input[1])
+        return None if value is None or value.size != 1 else value.reshape(-1)[0]
+
     chains: dict[str, tuple[onnx.NodeProto, ...]] = {}
     for value, _ in members:
         add = only(value, "Add")
-        if add is None or len(add.input) != 2 or add.input[0] != value or scalar(add.input[1]) is None:
+        if add is None or len(add.input) != 2 or add.input[0] != value or epsilon(add) is None:
             continue
         sqrt = only(add.output[0], "Sqrt")
         reciprocal = only(sqrt.output[0], "Reciprocal") if sqrt is not None else None
@@ -425,61 +432,52 @@ def _shared_inverse_deviations(b: NodeBuilder, graph: onnx.GraphProto, batch: st
     gone: set[int] = set()
     folded = 0
     for value, chain in list(chains.items()):
-        taken = _fold_inverse_deviation(graph, readers, value, chain[2].output[0], chain[0].input[1])
+        eps = epsilon(chain[0])
+        if eps.dtype != np.float32:  # the gradient forms' BatchNormalizations compute in f32 (f64 keeps its chain)
+            continue
+        taken = _fold_inverse_deviation(graph, readers, constants, value, chain[2].output[0], float(eps))
         if taken is not None:  # every reader now computes it itself: the chain (and the Muls) go
             gone.update(id(n) for n in (*chain, *taken))
             del chains[value]
             folded += 1
-    epsilons = {scalar(chain[0].input[1]) for chain in chains.values()}
-    if len(chains) < 2 or len(epsilons) != 1:
-        if gone:
-            kept = [n for n in graph.node if id(n) not in gone]
-            del graph.node[:]
-            graph.node.extend(kept)
-        return folded
-    eps = next(iter(chains.values()))[0].input[1]
-    # named as the first layer's BatchNormInternal lowering (what the bench charges them to), not the update's
-    first = next(iter(chains.values()))[2].name
-    b = NodeBuilder(b.opset, f"{first.rsplit('/', 1)[0]}/inverse_deviations" if "/" in first else "inverse_deviations",
-                    b.is_taken, into=graph.node)
-    inverse = b.op1("Reciprocal", [b.op1("Sqrt", [b.op1("Add", [batch, eps])])], hint="inverse_deviations")
-    pieces = [chains[value][2].output[0] if value in chains else b.fresh("unused") for value, _ in members]
-    sizes = [size for _, size in members]
-    if b.opset < 13:  # the sizes an attribute
-        b.op("Split", [inverse], pieces, axis=0, split=sizes)
-    else:
-        b.op("Split", [inverse, b.const(np.array(sizes, np.int64), hint="sizes")], pieces, axis=0)
-    gone.update(id(n) for chain in chains.values() for n in chain)
-    kept = [n for n in graph.node if id(n) not in gone]
-    del graph.node[:]
-    graph.node.extend(kept)
-    return folded + len(chains)
+    joined = len(chains) >= 2 and len({(e.dtype, e) for e in (epsilon(c[0]) for c in chains.values())}) == 1
+    if joined:
+        eps = next(iter(chains.values()))[0].input[1]
+        # named as the first layer's BatchNormInternal lowering (what the bench charges them to), not the update's
+        first = next(iter(chains.values()))[2].name
+        prefix = f"{first.rsplit('/', 1)[0]}/inverse_deviations" if "/" in first else "inverse_deviations"
+        b = NodeBuilder(b.opset, prefix, b.is_taken, into=graph.node)
+        inverse = b.op1("Reciprocal", [b.op1("Sqrt", [b.op1("Add", [batch, eps])])], hint="inverse_deviations")
+        pieces = [chains[value][2].output[0] if value in chains else b.fresh("unused") for value, _ in members]
+        sizes = [size for _, size in members]
+        if b.opset < 13:  # the sizes an attribute
+            b.op("Split", [inverse], pieces, axis=0, split=sizes)
+        else:
+            b.op("Split", [inverse, b.const(np.array(sizes, np.int64), hint="sizes")], pieces, axis=0)
+        gone.update(id(n) for chain in chains.values() for n in chain)
+    if gone:
+        kept = [n for n in graph.node if id(n) not in gone]
+        del graph.node[:]
+        graph.node.extend(kept)
+    return folded + (len(chains) if joined else 0)
 
 
-def _fold_inverse_deviation(graph: onnx.GraphProto, readers: Mapping[str, list[onnx.NodeProto]], variance: str,
-                            inverse: str, epsilon: str) -> list[onnx.NodeProto] | None:
+def _fold_inverse_deviation(graph: onnx.GraphProto, readers: Mapping[str, list[onnx.NodeProto]],
+                            constants: Mapping[str, np.ndarray], variance: str, inverse: str, epsilon: float
+                            ) -> list[onnx.NodeProto] | None:
     """Where every reader of ``inverse`` = 1 / sqrt(``variance`` + ``epsilon``) is an inference BatchNormalization
     taking it (or its product with a per-channel vector p, read by such nodes alone) as its scale, with mean 0,
     variance 1 and epsilon 0 (batch norm's gradient forms), give those nodes ``variance`` and ``epsilon`` and scale 1
     (or p) instead: onnxruntime's BatchNormalization computes 1 / sqrt(var + eps) times the scale itself, in the
     same f32 operations (byte-equal on 300 random cases), one kernel fewer a product and the chain's 3 gone.
-    Returns the products' Mul nodes (to drop), or None where some reader is another kind (nothing changed)."""
-    constants = {t.name: t for t in graph.initializer}
-    constants.update({n.output[0]: n.attribute[0].t for n in graph.node
-                      if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"})
-    eps = constants.get(epsilon)
-    if eps is None:
-        return None
-    eps_value = float(onnx.numpy_helper.to_array(eps).reshape(-1)[0])
-
-    fills = {n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "ConstantOfShape"
-             and n.domain in ("", "ai.onnx") and len(n.attribute) == 1 and n.attribute[0].name == "value"}
+    ``constants``: the graph's constant values (a ConstantOfShape's by its one value). Returns the products' Mul
+    nodes (to drop), or None where some reader is another kind (nothing changed)."""
+    outputs = {o.name for o in graph.output}
 
     def filled(name: str, value: float) -> bool:
-        """Whether ``name`` is an f32 constant (or ConstantOfShape) of ``value`` throughout."""
-        tensor = constants.get(name, fills.get(name))
-        return tensor is not None and tensor.data_type == TensorProto.FLOAT and \
-            bool(np.all(onnx.numpy_helper.to_array(tensor) == value))
+        """Whether ``name`` is an f32 constant of ``value`` throughout."""
+        array = constants.get(name)
+        return array is not None and array.dtype == np.float32 and bool(np.all(array == value))
 
     def normalization(node: onnx.NodeProto, scale: str) -> bool:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -498,20 +496,18 @@ def _fold_inverse_deviation(graph: onnx.GraphProto, readers: Mapping[str, list[o
             return None
         other = reader.input[1] if reader.input[0] == inverse else reader.input[0]
         users = readers.get(reader.output[0], [])
-        if not users or not all(normalization(u, reader.output[0]) for u in users) or \
-                reader.output[0] in {o.name for o in graph.output}:
+        if not users or not all(normalization(u, reader.output[0]) for u in users) or reader.output[0] in outputs:
             return None
         plan += [(u, other) for u in users]
         products.append(reader)
-    if not plan or inverse in {o.name for o in graph.output}:
+    if not plan or inverse in outputs:
         return None
     for node, scale in plan:
         node.input[1], node.input[4] = scale, variance
         for attr in node.attribute:
             if attr.name == "epsilon":
-                attr.f = eps_value
+                attr.f = epsilon
     return products
-
 
 
 def _static_shape(value_info: onnx.ValueInfoProto) -> tuple[int, ...] | None:
@@ -1067,15 +1063,12 @@ def bound_model(step: TrainStep, *, single_thread: bool = False) -> BoundModel:
     model = onnx.ModelProto()
     model.CopyFrom(step.model)
     graph = model.graph
-    constants = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
-    constants.update({n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in graph.node
-                      if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"})
+    constants = constant_values(graph)
     flats = {f.names[0]: f for f in step.interface.flat}
     outputs = {vo.name for vo in graph.output}
     readers = _readers(graph)
     dropped: set[int] = set()
     views: dict[str, tuple[str, int, int, tuple[int, ...]]] = {}
-    view_types: dict[str, int] = {}
     for node in graph.node:
         if node.op_type != "Split" or not node.input or node.input[0] not in flats:
             continue
@@ -1098,13 +1091,11 @@ def bound_model(step: TrainStep, *, single_thread: bool = False) -> BoundModel:
                 views[reader.output[0]] = (flat.names[0], start, end, shape)
             if kept:
                 views[piece] = (flat.names[0], start, end, (size,))
-            for name in (piece, *(r.output[0] for r in readers.get(piece, []))):
-                view_types[name] = flat.elem_type
             start = end
     if views and not _read_before_update(graph, readers, views, dropped):
         views, dropped = {}, set()
-    new_inputs = [helper.make_tensor_value_info(name, view_types[name], list(shape))
-                  for name, (_, _, _, shape) in views.items()]
+    new_inputs = [helper.make_tensor_value_info(name, flats[flat].elem_type, list(shape))
+                  for name, (flat, _, _, shape) in views.items()]
     fed: dict[str, str] = {}
     if step.scalars is not None and step.adamw is not None:
         produced = {o for n in graph.node for o in n.output}
@@ -1114,15 +1105,10 @@ def bound_model(step: TrainStep, *, single_thread: bool = False) -> BoundModel:
                 fed[name] = field
                 new_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]))
         dropped.update(id(n) for n in graph.node if n.output and all(o in fed for o in n.output if o))
-    scratch = _batch_norm_scratch(graph, views, view_types, readers)
+    scratch = _batch_norm_scratch(graph, views, flats, readers)
     for name, (elem, shape) in scratch.items():
         new_inputs.append(helper.make_tensor_value_info(name, elem, list(shape)))
-    if not views and not fed and not scratch:
-        if single_thread:
-            merge_staged_sums(graph)
-        return BoundModel(model, {}, {}, step.adamw)
-    scratch_sources = set(scratch)
-    dropped.update(id(n) for n in graph.node if n.output and all(o in scratch_sources for o in n.output if o))
+    dropped.update(id(n) for n in graph.node if n.output and all(o in scratch for o in n.output if o))
     kept_nodes = [n for n in graph.node if id(n) not in dropped]
     del graph.node[:]
     graph.node.extend(kept_nodes)
@@ -1143,9 +1129,7 @@ def merge_staged_sums(graph: onnx.GraphProto) -> int:
     5-step trainings of the held-out CNNs), 2 kernels fewer a batch-norm gradient, but with a second intra-op
     thread it hands the one reduction over and it is slower (1.33-1.44x a layer), so only for one thread: 0.89-0.96x
     a layer at one."""
-    constants = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
-    constants.update({n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in graph.node
-                      if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"})
+    constants = constant_values(graph)
     producer = {o: n for n in graph.node for o in n.output}
     readers = _readers(graph)
     outputs = {vo.name for vo in graph.output}
@@ -1191,25 +1175,28 @@ def merge_staged_sums(graph: onnx.GraphProto) -> int:
 
 def _read_before_update(graph: onnx.GraphProto, readers: Mapping[str, list[onnx.NodeProto]],
                         views: Mapping[str, tuple], dropped: set[int]) -> bool:
-    """Whether every reader of the views is an ancestor of the flat gradient (the update's Concat), so that it runs
-    before any update node can overwrite the flat input in place."""
+    """Whether every reader of the views is an ancestor of each flat gradient (the updates' Concats), so that it
+    runs before any update node can overwrite a flat input in place."""
     producer = {o: n for n in graph.node for o in n.output}
-    concat = next((n for n in graph.node if n.op_type == "Concat" and n.name.startswith("train_step/")
-                   and any("flat_gradients" in o for o in n.output)), None)
-    if concat is None:
+    concats = [n for n in graph.node if n.op_type == "Concat" and n.name.startswith("train_step/")
+               and any("flat_gradients" in o for o in n.output)]
+    if not concats:
         return False
-    ancestors: set[int] = set()
-    stack = list(concat.input)
-    while stack:
-        node = producer.get(stack.pop())
-        if node is None or id(node) in ancestors:
-            continue
-        ancestors.add(id(node))
-        stack.extend(_reads(node))
-    return all(id(r) in ancestors for v in views for r in readers.get(v, []) if id(r) not in dropped)
+    common: set[int] | None = None
+    for concat in concats:
+        ancestors: set[int] = set()
+        stack = list(concat.input)
+        while stack:
+            node = producer.get(stack.pop())
+            if node is None or id(node) in ancestors:
+                continue
+            ancestors.add(id(node))
+            stack.extend(_reads(node))
+        common = ancestors if common is None else common & ancestors
+    return all(id(r) in common for v in views for r in readers.get(v, []) if id(r) not in dropped)
 
 
-def _batch_norm_scratch(graph: onnx.GraphProto, views: Mapping[str, tuple], view_types: Mapping[str, int],
+def _batch_norm_scratch(graph: onnx.GraphProto, views: Mapping[str, tuple], flats: Mapping[str, FlatState],
                         readers: Mapping[str, list[onnx.NodeProto]]) -> dict[str, tuple[int, tuple[int, ...]]]:
     """{value: (elem type, shape)}: the running-statistics inputs of training-mode BatchNormalizations with momentum
     0 whose scale is a parameter view (its shape and type known), each read by that node alone."""
@@ -1225,7 +1212,7 @@ def _batch_norm_scratch(graph: onnx.GraphProto, views: Mapping[str, tuple], view
         if stats[0] == stats[1] or any(len(readers.get(v, [])) != 1 or v in scratch for v in stats):
             continue
         for value in stats:
-            scratch[value] = (view_types[scale], tuple(views[scale][3]))
+            scratch[value] = (flats[views[scale][0]].elem_type, tuple(views[scale][3]))
     return scratch
 
 

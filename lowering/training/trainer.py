@@ -22,7 +22,7 @@ running statistics, returned as ``<input>.updated``) the update is carried to th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -231,7 +231,7 @@ class Trainer:
             # a symbolic dim: the sessions by the batches' shapes (_follow_batch_shapes)
             self._generic, self._signature = session, None
             self._shaped: dict[tuple, tuple[ort.InferenceSession, bool]] = {}
-            self._varying: tuple[ort.InferenceSession, bool] | None = None  # shapes past those (_any_shape)
+            self._varying: tuple[ort.InferenceSession, bool] | None = None  # shapes past the first few (_follow_batch_shapes)
             self._sgd_moments = moments  # SGD has none; kept so the moments read the same either way
             return
         self._params, self._frozen = params, dict(start.frozen)
@@ -336,26 +336,21 @@ class Trainer:
         shapes past those (a sequence length that varies batch by batch) share one session of the model as it is,
         with the first shape's choice of threads, so no step waits for a new session (hundreds of ms) again; the
         state stays where it is throughout (:meth:`BoundStep.replace_session`)."""
-        shapes = {n: tuple(np.shape(batch[n])) for n in self.models.step.interface.data if n in batch}
-        signature = tuple(sorted(shapes.items()))
+        data = [n for n in self.models.step.interface.data if n in batch]
+        signature = tuple(np.shape(batch[n]) for n in data)  # the interface's order: no sorting, no dict a step
         if signature == self._signature:
             return
         self._signature = signature
         known = self._shaped.get(signature)
         if known is None and len(self._shaped) >= self.SHAPED_SESSIONS:
-            known = self._any_shape()
+            if self._varying is None:
+                small = next(iter(self._shaped.values()))[1]
+                self._varying = (self._small_session(None) if small else self._generic, small)
+            known = self._varying
         if known is None:
+            shapes = dict(zip(data, signature, strict=True))
             small = bool(step_is_small(self.models.step.model, shapes))
-            session = self._generic
-            threads, pattern = self._chosen
-            if small:
-                model = with_input_shapes(self._bound_model.model, shapes)
-                fold_static_shapes(model)
-                if (threads or 1) == 1 and not self._merged:  # one thread here, not in the model built first
-                    merge_staged_sums(model.graph)
-                options = self._options(threads or 1, self._spinning, True if pattern is None else pattern)
-                session = self._session(model, options, "train-step model")
-            known = self._shaped[signature] = (session, small)
+            known = self._shaped[signature] = (self._small_session(shapes) if small else self._generic, small)
         session, self.small_step = known
         self.threads = self._chosen[0] or (1 if self.small_step else None)
         if session is not self._bound.session:
@@ -363,23 +358,17 @@ class Trainer:
 
     SHAPED_SESSIONS = 4  # batch shapes with a session of their own (see _follow_batch_shapes)
 
-    def _any_shape(self) -> tuple[ort.InferenceSession, bool]:
-        """The session for shapes past the first SHAPED_SESSIONS: the bound model unfolded, with the first shape's
-        choice (one thread and the memory pattern for a small step, unless the caller chose), built once."""
-        if self._varying is None:
-            _, small = next(iter(self._shaped.values()))
-            session = self._generic
-            if small:
-                threads, pattern = self._chosen
-                model = self._bound_model.model
-                if (threads or 1) == 1 and not self._merged:
-                    model = onnx.ModelProto()
-                    model.CopyFrom(self._bound_model.model)
-                    merge_staged_sums(model.graph)
-                options = self._options(threads or 1, self._spinning, True if pattern is None else pattern)
-                session = self._session(model, options, "train-step model")
-            self._varying = (session, small)
-        return self._varying
+    def _small_session(self, shapes: Mapping[str, Sequence[int]] | None) -> ort.InferenceSession:
+        """A small step's session of the bound model: with ``shapes`` fixed and folded (None: as it is), one thread
+        and the memory pattern unless the caller chose, batch norm's staged sums merged for one thread."""
+        threads, pattern = self._chosen
+        model = with_input_shapes(self._bound_model.model, shapes or {})  # a copy either way
+        if shapes:
+            fold_static_shapes(model)
+        if (threads or 1) == 1 and not self._merged:  # one thread here, not in the model built first
+            merge_staged_sums(model.graph)
+        options = self._options(threads or 1, self._spinning, True if pattern is None else pattern)
+        return self._session(model, options, "train-step model")
 
     @staticmethod
     def _session(model: onnx.ModelProto, options: ort.SessionOptions, what: str) -> ort.InferenceSession:

@@ -22,7 +22,7 @@ running statistics, returned as ``<input>.updated``) the update is carried to th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -231,7 +231,8 @@ class Trainer:
             # a symbolic dim: the sessions by the batches' shapes (_follow_batch_shapes)
             self._generic, self._signature = session, None
             self._shaped: dict[tuple, tuple[ort.InferenceSession, bool]] = {}
-            self._varying: tuple[ort.InferenceSession, bool] | None = None  # shapes past the first few (_follow_batch_shapes)
+            # shapes past the first few share one (_follow_batch_shapes)
+            self._varying: tuple[ort.InferenceSession, bool] | None = None
             self._sgd_moments = moments  # SGD has none; kept so the moments read the same either way
             return
         self._params, self._frozen = params, dict(start.frozen)
@@ -345,12 +346,16 @@ class Trainer:
         if known is None and len(self._shaped) >= self.SHAPED_SESSIONS:
             if self._varying is None:
                 small = next(iter(self._shaped.values()))[1]
-                self._varying = (self._small_session(None) if small else self._generic, small)
+                model = with_input_shapes(self._bound_model.model, {})  # a copy
+                self._varying = (self._small_session(model) if small else self._generic, small)
             known = self._varying
         if known is None:
-            shapes = dict(zip(data, signature, strict=True))
-            small = bool(step_is_small(self.models.step.model, shapes))
-            known = self._shaped[signature] = (self._small_session(shapes) if small else self._generic, small)
+            # fixed and folded once: the count reads the folded model (the bound model's Conv/MatMul/Gemm are the
+            # step model's), and a small step's session runs it
+            model = with_input_shapes(self._bound_model.model, dict(zip(data, signature, strict=True)))
+            fold_static_shapes(model)
+            small = step_is_small(model) is True
+            known = self._shaped[signature] = (self._small_session(model) if small else self._generic, small)
         session, self.small_step = known
         self.threads = self._chosen[0] or (1 if self.small_step else None)
         if session is not self._bound.session:
@@ -358,13 +363,10 @@ class Trainer:
 
     SHAPED_SESSIONS = 4  # batch shapes with a session of their own (see _follow_batch_shapes)
 
-    def _small_session(self, shapes: Mapping[str, Sequence[int]] | None) -> ort.InferenceSession:
-        """A small step's session of the bound model: with ``shapes`` fixed and folded (None: as it is), one thread
-        and the memory pattern unless the caller chose, batch norm's staged sums merged for one thread."""
+    def _small_session(self, model: onnx.ModelProto) -> ort.InferenceSession:
+        """A small step's session of ``model`` (a copy of the bound model, which this may change): one thread and
+        the memory pattern unless the caller chose, batch norm's staged sums merged for one thread."""
         threads, pattern = self._chosen
-        model = with_input_shapes(self._bound_model.model, shapes or {})  # a copy either way
-        if shapes:
-            fold_static_shapes(model)
         if (threads or 1) == 1 and not self._merged:  # one thread here, not in the model built first
             merge_staged_sums(model.graph)
         options = self._options(threads or 1, self._spinning, True if pattern is None else pattern)

@@ -25,6 +25,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from lowering.graphs import default_opset
+
 _POOLS = ("AveragePool", "MaxPool", "LpPool")
 
 
@@ -38,7 +40,7 @@ def fold_static_shapes(model: onnx.ModelProto) -> int:
     graph = model.graph
     if not any(n.op_type in ("Shape", "Size") for n in graph.node):
         return 0  # nothing to start from (constant arithmetic alone the runtimes fold themselves)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    opset = default_opset(model.opset_import)
     if opset is None:
         return 0
     folded = 0
@@ -94,10 +96,13 @@ _SMALL = 64
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    """Small integer values the main graph holds as initializers or Constant nodes."""
+    """Small integer values the main graph holds as initializers (none a caller may feed: not a graph input) or
+    Constant nodes (filtered before decoding: a train step's weights are initializers of no interest here)."""
     found = {}
+    inputs = {i.name for i in graph.input}
     for tensor in graph.initializer:
-        if helper.tensor_dtype_to_np_dtype(tensor.data_type).kind in "iub" and math.prod(tensor.dims) <= _SMALL:
+        if tensor.name not in inputs and helper.tensor_dtype_to_np_dtype(tensor.data_type).kind in "iub" \
+                and math.prod(tensor.dims) <= _SMALL:
             found[tensor.name] = numpy_helper.to_array(tensor)
     for node in graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):

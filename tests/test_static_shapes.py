@@ -221,3 +221,16 @@ def test_a_where_whose_condition_grows_the_operand_stays():
     assert next(n for n in model.graph.node if n.output[0] == "y").op_type == "Where"
     x = np.ones((1, 3), np.float32)
     assert _run(model, x)[0].shape == (2, 3)
+
+
+def test_an_initializer_a_caller_may_feed_is_not_folded():
+    """An initializer that is also a graph input is a default, not a constant: the arithmetic on it stays."""
+    nodes = [helper.make_node("Shape", ["x"], ["dims"]), helper.make_node("Gather", ["dims", "which"], ["picked"])]
+    model = _model(nodes, [2, 3], [("picked", I64)])
+    model.graph.input.append(helper.make_tensor_value_info("which", I64, []))
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(1, np.int64), "which"))
+    fold_static_shapes(model)
+    assert _ops(model) == ["Constant", "Gather"]  # the Shape folded, the Gather of the feedable index not
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.zeros((2, 3), np.float32)
+    assert session.run(None, {"x": x, "which": np.array(0, np.int64)})[0] == 2

@@ -73,7 +73,11 @@ def _unbound_steps(models, start, batch, rates):
     """The train-step model run with plain feeds, its .updated outputs fed back: (losses, final state)."""
     step = models.step
     interface = step.interface
-    session = ort.InferenceSession(step.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    # one thread like the bound side: onnxruntime's LSTM kernel (the onnxruntime target's LSTMTraining) splits the
+    # batch across threads, whose smaller GEMMs round otherwise
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(step.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     trainer = Trainer(models, start, threads=1)  # for its initial state only (flat buffers as it builds them)
     names = list(interface.state_inputs)
     state = {n: np.array(v.numpy(), copy=True) for n, v in trainer._bound._sets[0].items()}

@@ -20,6 +20,7 @@ from test_portable import _run as _run_any
 
 from lowering.passes import lower_model
 from lowering.rules import PORTABLE_OPS, TARGETS, rule_targets
+from lowering.rules.recurrent import STOCK_STEPS
 from opdef.errors import VerificationError
 from opdef.model_verify import verify_model
 from opdef.registry import load_schemas
@@ -258,8 +259,13 @@ def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
 def test_absent_outputs_are_not_computed():
     rng = np.random.default_rng(6)
     feeds = _lstm_inputs(rng)
-    only_final = _lowered(_model("LSTMTraining", feeds, LSTM_IN, ["", "HFinal"], {}))
-    scan = next(n for n in only_final.graph.node if n.op_type == "Scan")
+    long = _lstm_inputs(rng, steps=STOCK_STEPS["LSTMTraining"])  # long enough for onnxruntime's LSTM kernel
+    only_final = _lowered(_model("LSTMTraining", long, LSTM_IN, ["", "HFinal"], {}))
+    # onnxruntime's LSTM kernel writes the final h alone: no HAll, CAll or iofc, no Scan for the cells
+    (lstm,) = [n for n in only_final.graph.node if n.op_type == "LSTM"]
+    assert list(lstm.output) == ["", "HFinal"] and "Scan" not in _op_counts(only_final)
+    with_lengths = _model("LSTMTraining", _lstm_inputs(rng, lengths=[2, 1, 2]), LSTM_IN, ["", "HFinal"], {})
+    scan = next(n for n in _lowered(with_lengths).graph.node if n.op_type == "Scan")  # the Scan form
     assert len(scan.output) == 2  # the final h and c (R^T read by name); no stacked HAll, CAll or iofc
     body = next(a.g for a in scan.attribute if a.name == "body")
     assert "Concat" not in {n.op_type for n in body.node}  # iofc not assembled
@@ -496,8 +502,13 @@ def test_gru_lowering_matches_reference(case):
 def test_gru_absent_outputs_are_not_computed():
     rng = np.random.default_rng(11)
     feeds = _gru_inputs(rng)
-    only_final = _lowered(_model("GRUTraining", feeds, GRU_IN, ["", "HFinal"], {"linear_before_reset": 1}))
-    scan = next(n for n in only_final.graph.node if n.op_type == "Scan")
+    long = _gru_inputs(rng, steps=STOCK_STEPS["GRUTraining"])  # long enough for onnxruntime's GRU kernel
+    only_final = _lowered(_model("GRUTraining", long, GRU_IN, ["", "HFinal"], {"linear_before_reset": 1}))
+    (gru,) = [n for n in only_final.graph.node if n.op_type == "GRU"]  # onnxruntime's GRU kernel: no HAll, ZRH
+    assert list(gru.output) == ["", "HFinal"] and "Scan" not in _op_counts(only_final)
+    with_lengths = _model("GRUTraining", _gru_inputs(rng, lengths=[2, 1, 2]), GRU_IN, ["", "HFinal"],
+                          {"linear_before_reset": 1})
+    scan = next(n for n in _lowered(with_lengths).graph.node if n.op_type == "Scan")  # the Scan form
     assert len(scan.output) == 1  # the final h (the weights read by name); no stacked HAll or ZRH
     grads = _gru_grad_feeds(rng, feeds, "forward", 1)
     only_dh0 = _lowered(_model("GRUGrad", grads, GRU_GRAD_IN, ["", "", "", "", "dH0"], {"linear_before_reset": 1}))

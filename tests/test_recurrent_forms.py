@@ -5,7 +5,9 @@ packed into one scan output, the backward's gate factors computed before the loo
 scan_input_directions and the backward bodies reading the weights by name. That form gives, in f32, the portable
 form's bits (Gather views, MatMul with transposed weights, reversing Slices, weights as Scan states), which
 tests/test_recurrent.py checks against the float64 reference: every direction, sequence lengths, peepholes, GRU's
-linear_before_reset, opsets 12 and 17, and H known only at run time."""
+linear_before_reset, opsets 12 and 17, and H known only at run time. The forward ops without sequence_lengths
+(and LSTM without peepholes) run onnxruntime's own LSTM / GRU kernel instead, their gates for all steps at once
+(GRUTraining: the native kernel's bits; LSTMTraining: its accuracy)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ import itertools
 import numpy as np
 import onnx
 import pytest
+from _recorded import recorded_cases
+from test_accuracy_vs_native import HALF_ULP, measure
+from test_accuracy_vs_native import load as load_recorded
 from test_recurrent import (
     GRAD_IN,
     GRAD_OUT,
@@ -32,6 +37,7 @@ from test_recurrent import (
     _model,
 )
 
+from lowering.rules import recurrent
 from runtime.session import run_model
 
 
@@ -65,18 +71,16 @@ def _gru(op: str, rng, direction="forward", lengths=None, lbr=1, bias=True, opse
     return _model(op, feeds, GRU_GRAD_IN, GRU_GRAD_OUT, attrs, opset=opset), feeds
 
 
-# the bodies of a forward-direction node with every output requested, no sequence_lengths nor peepholes
+# the bodies of a forward-direction node with every output requested, no sequence_lengths nor peepholes (None: no
+# Scan at all)
 BODIES = {
-    # h R_iof^T + x_iof and h R_c^T + x_c as two Gemms (onnxruntime fuses the Sigmoid and the Tanh into them); one
-    # Sigmoid; Split into i, o, f; c' = f c + i g; h' = o tanh c'; [h', c', iofc] as one Concat; R_iof, R_c read by
-    # name (no Identity passing them through)
-    "LSTMTraining": {"Gemm": 2, "Split": 1, "Sigmoid": 1, "Tanh": 2, "Mul": 3, "Add": 1, "Concat": 1},
+    # onnxruntime's LSTM kernel runs the cell; CAll's recurrence alone is left to a Scan: c f (the step's output)
+    # and c f + i g (the new state; every step's c is the same Add of its c f and i g after the loop)
+    "LSTMTraining": {"Mul": 1, "Add": 1},
     # dh + dHAll; dc + (dh o)(1 - tanh^2 c); dz = ([dc, dh, dc, dc] a1) a2 a3; dz R; dc f
     "LSTMGrad": {"Add": 2, "Mul": 6, "Concat": 1, "MatMul": 1},
-    # h R_zr^T + x_zr and h R_h^T + Rb_h as two Gemms (onnxruntime fuses the Sigmoid into the first); one Sigmoid;
-    # Split z, r; x_h + r (h R_h^T + Rb_h); Tanh; (1 - z) h~ + z h; [h', zrh] as one Concat; R_zr, R_h and Rb_h
-    # read by name
-    "GRUTraining": {"Gemm": 2, "Split": 1, "Add": 2, "Sigmoid": 1, "Mul": 3, "Sub": 1, "Tanh": 1, "Concat": 1},
+    # onnxruntime's GRU kernel runs the loop; ZRH is computed for all steps at once from its hidden states
+    "GRUTraining": None,
     # dh + dHAll; a_h = (dh (1 - z))(1 - h~^2); [a_z, a_r, a_h r, dh z] = ([dh, a_h, a_h, dh] f1) f2 f3; two Gemms
     # of it: dh z + [a_z, a_r] R_zr, + (a_h r) R_h (a small static batch and H: tests/test_gru_grad_blocks.py)
     "GRUGrad": {"Add": 1, "Mul": 5, "Concat": 1, "Gemm": 2},
@@ -84,10 +88,15 @@ BODIES = {
 
 
 @pytest.mark.parametrize("op", list(BODIES))
-def test_onnxruntime_bodies_per_step(op):
+def test_onnxruntime_bodies_per_step(op, stock_from_one_step):
     rng = np.random.default_rng(40)
     model, _ = (_lstm if op.startswith("LSTM") else _gru)(op, rng)
     lowered = _lowered(model)
+    if op.endswith("Training"):  # onnxruntime's own kernel runs the recurrence
+        assert collections.Counter(n.op_type for n in lowered.graph.node)[op[:-len("Training")]] == 1
+    if BODIES[op] is None:
+        assert _bodies(lowered) == []
+        return
     ((scan, body),) = _bodies(lowered)
     assert body == BODIES[op]
     attributes = {a.name: onnx.helper.get_attribute_value(a) for a in scan.attribute}
@@ -100,6 +109,77 @@ def test_onnxruntime_bodies_per_step(op):
     assert "Split" not in portable_body and "Gemm" not in portable_body  # not in lowering.rules.PORTABLE_OPS
 
 
+# with sequence_lengths the forward ops keep a Scan of the whole step (the stock kernels' output for a step past a
+# sequence's end is not the Scan's): two Gemms (onnxruntime fuses the Sigmoid, and LSTM's Tanh, into them), one
+# Sigmoid, gate blocks cut by Split, the requested sequence outputs packed by one Concat, the weights read by name,
+# a Where per state and per packed output
+SCAN_BODIES = {
+    "LSTMTraining": {"Gemm": 2, "Split": 1, "Sigmoid": 1, "Tanh": 2, "Mul": 3, "Add": 1, "Concat": 1, "Where": 3},
+    "GRUTraining": {"Gemm": 2, "Split": 1, "Add": 2, "Sigmoid": 1, "Mul": 3, "Sub": 1, "Tanh": 1, "Concat": 1,
+                    "Where": 2},
+}
+
+
+@pytest.mark.parametrize("op", list(SCAN_BODIES))
+def test_onnxruntime_scan_bodies_with_sequence_lengths(op):
+    rng = np.random.default_rng(40)
+    model, _ = (_lstm if op.startswith("LSTM") else _gru)(op, rng, lengths=[2, 4, 3])
+    lowered = _lowered(model)
+    assert op[:-len("Training")] not in {n.op_type for n in lowered.graph.node}
+    ((_, body),) = _bodies(lowered)
+    assert body == SCAN_BODIES[op]
+
+
+@pytest.fixture
+def stock_from_one_step(monkeypatch):
+    """The stock kernels' form at any sequence length (recurrent.STOCK_STEPS keeps the Scan for short ones)."""
+    monkeypatch.setattr(recurrent, "STOCK_STEPS", {"LSTMTraining": 1, "GRUTraining": 1})
+
+
+@pytest.mark.parametrize("op, steps", [("LSTMTraining", 3), ("LSTMTraining", 4), ("GRUTraining", 8),
+                                       ("GRUTraining", 9)])
+def test_the_stock_form_from_a_number_of_steps(op, steps):
+    """The Scan below recurrent.STOCK_STEPS static steps (and with steps unknown), the stock kernel from there."""
+    rng = np.random.default_rng(43)
+    inputs = (_lstm_inputs if op.startswith("LSTM") else _gru_inputs)(rng, steps=steps)
+    names, outputs = (LSTM_IN, LSTM_OUT) if op.startswith("LSTM") else (GRU_IN, GRU_OUT)
+    attrs = {"hidden_size": 3} | ({} if op.startswith("LSTM") else {"linear_before_reset": 1})
+    model = _model(op, inputs, names, outputs, attrs)
+    stock = op[:-len("Training")] in {n.op_type for n in _lowered(model).graph.node}
+    assert stock == (steps >= recurrent.STOCK_STEPS[op])
+    x = next(v for v in model.graph.input if v.name == "X")
+    x.type.tensor_type.shape.dim[0].dim_param = "S"
+    assert op[:-len("Training")] not in {n.op_type for n in _lowered(model).graph.node}
+
+
+RECORDED = [c for c in recorded_cases() if c["op_type"] in ("LSTMTraining", "GRUTraining")]
+
+
+@pytest.mark.parametrize("case", RECORDED, ids=lambda c: f"{c['op_type']}-{c['variant']}")
+def test_the_stock_form_is_as_accurate_as_the_native_kernel(case, stock_from_one_step):
+    """The recorded cases are 3-4 steps (the Scan's lengths, tests/test_accuracy_vs_native.py measures that form):
+    with the stock form taken, every output is at least as accurate as onnxruntime-training's, with no exception."""
+    for row in measure(case, targets=("onnxruntime",)):
+        if "native" in row:
+            limit = row["native"] * (1 + 1e-9) + HALF_ULP[row["dtype"]]
+            assert row["onnxruntime"] <= limit, row
+
+
+@pytest.mark.parametrize("case", [c for c in RECORDED if c["op_type"] == "GRUTraining"], ids=lambda c: c["variant"])
+def test_onnxruntime_gru_form_gives_the_native_kernels_bits(case, stock_from_one_step):
+    """Every recorded GRUTraining case: the onnxruntime form's outputs are onnxruntime-training's own, bit for bit
+    (its kernel and onnxruntime's GRU share their loop; ZRH, computed for all steps at once from the stock kernel's
+    hidden states, follows its order of operations and its activations: MLAS's logistic for z, the rational tanh of
+    rnn_helpers for r and h~). LSTMTraining's stock form is not the native bits (onnxruntime's LSTM kernel rounds
+    2 of 3 hidden states otherwise), only as accurate: tests/test_accuracy_vs_native.py."""
+    model, feeds, recorded = load_recorded(case)
+    lowered = _lowered(model)
+    assert "GRU" in {n.op_type for n in lowered.graph.node}
+    got = run_model(lowered, {i.name: feeds[i.name] for i in model.graph.input if i.name in feeds})
+    for name, value in recorded.items():
+        assert np.array_equal(got[name], value), name
+
+
 CASES = [("LSTMTraining", d, lengths, peep) for d, lengths, peep in
          itertools.product(["forward", "reverse", "bidirectional"], [None, [2, 4, 3]], [False, True])] + \
         [("LSTMGrad", d, lengths, False) for d, lengths in
@@ -110,17 +190,25 @@ CASES = [("LSTMTraining", d, lengths, peep) for d, lengths, peep in
 
 @pytest.mark.parametrize("op, direction, lengths, flag", CASES, ids=lambda v: str(v))
 def test_onnxruntime_form_gives_the_portable_forms_bits(op, direction, lengths, flag):
-    """flag: peepholes (LSTM) or linear_before_reset (GRU)."""
+    """flag: peepholes (LSTM) or linear_before_reset (GRU). The forward ops without sequence_lengths (nor
+    peepholes) run onnxruntime's own LSTM / GRU kernel on this target, the native kernel's bits rather than the
+    portable Scan's (test_onnxruntime_form_gives_the_native_kernels_bits; every direction against the float64
+    reference in tests/test_recurrent.py); the two forms agree to the reference's tolerance there."""
     rng = np.random.default_rng(41)
     if op.startswith("LSTM"):
         model, feeds = _lstm(op, rng, direction, lengths, peep=flag)
     else:
         model, feeds = _gru(op, rng, direction, lengths, lbr=flag)
     feeds = {k: v for k, v in feeds.items() if v is not None}
-    ours, portable = (run_model(_lowered(model, target), feeds) for target in ("onnxruntime", "portable"))
+    lowered = _lowered(model)
+    ours, portable = run_model(lowered, feeds), run_model(_lowered(model, "portable"), feeds)
+    stock = bool({"LSTM", "GRU"} & {n.op_type for n in lowered.graph.node})
     for name, value in portable.items():
         assert ours[name].dtype == value.dtype == np.float32
-        assert np.array_equal(ours[name], value), name
+        if stock:
+            np.testing.assert_allclose(ours[name], value, rtol=0, atol=1e-6 * max(1.0, np.abs(value).max()))
+        else:
+            assert np.array_equal(ours[name], value), name
 
 
 @pytest.mark.parametrize("op", ["LSTMTraining", "LSTMGrad"])

@@ -34,6 +34,7 @@ from test_recurrent import (
     _model,
 )
 
+from lowering.rules import recurrent
 from lowering.rules.recurrent import PACKED_BIAS_LIMIT
 from runtime import reference_recurrent as ref
 from runtime.session import run_model
@@ -48,7 +49,12 @@ def _readers(model: onnx.ModelProto, name: str) -> list[str]:
     return [n.op_type for n in model.graph.node if name in n.input]
 
 
-def _case(op: str, direction: str, lbr: int = 1, hidden: int = 3, state: bool = True):
+# GRUTraining with sequence lengths: the Scan form these bias tests pin (without them onnxruntime's own GRU kernel
+# runs the loop, tests/test_recurrent_forms.py; its ZRH reads the same packed biases)
+SCAN_LENGTHS = [4, 2, 3]
+
+
+def _case(op: str, direction: str, lbr: int = 1, hidden: int = 3, state: bool = True, lengths=None):
     rng = np.random.default_rng(50)
     d = 2 if direction == "bidirectional" else 1
     attrs = {"direction": direction, "hidden_size": hidden}
@@ -58,7 +64,7 @@ def _case(op: str, direction: str, lbr: int = 1, hidden: int = 3, state: bool = 
             return _model(op, fwd, LSTM_IN, LSTM_OUT, attrs), fwd
         feeds = _grad_feeds(rng, fwd, direction)
         return _model(op, feeds, GRAD_IN, GRAD_OUT, attrs), feeds
-    fwd = _gru_inputs(rng, directions=d, hidden=hidden, state=state)
+    fwd = _gru_inputs(rng, directions=d, hidden=hidden, state=state, lengths=lengths)
     attrs["linear_before_reset"] = lbr
     if op == "GRUTraining":
         return _model(op, fwd, GRU_IN, GRU_OUT, attrs), fwd
@@ -96,12 +102,12 @@ def test_lstm_grad_reads_r_like_the_forward():
 
 
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
-def test_gru_biases_packed(direction):
+def test_gru_biases_packed(direction, monkeypatch):
     """linear_before_reset 1, H static: one MatMul of B's row with the constant packing and one Split make the x
     bias and R_bh (no Slice/Add/Concat/Reshape chain), and GRUGrad emits the same nodes for R_bh; the
     outputs are the portable form's (which adds the blocks) on biases with exact zeros of both signs, ties and
     magnitudes far apart."""
-    model, feeds = _case("GRUTraining", direction)
+    model, feeds = _case("GRUTraining", direction, lengths=SCAN_LENGTHS)
     rng = np.random.default_rng(51)
     d = feeds["B"].shape[0]
     tricky = np.array([0.0, -0.0, 1e-30, 3.0, 2.0 ** -24, 1.0, 1e4, 0.1], np.float32)
@@ -115,6 +121,14 @@ def test_gru_biases_packed(direction):
     assert len(packing) == d
     got, want = _run(model, feeds), _run(model, feeds, "portable")
     assert all(np.array_equal(got[k], v) for k, v in want.items())
+    # without sequence lengths (onnxruntime's GRU kernel, taken here at any length; its ZRH from the same
+    # packing): its rounding, the values
+    monkeypatch.setattr(recurrent, "STOCK_STEPS", {**recurrent.STOCK_STEPS, "GRUTraining": 1})
+    stock, stock_feeds = _case("GRUTraining", direction)
+    assert "GRU" in {n.op_type for n in _lowered(stock).graph.node}
+    stock_feeds["B"] = np.ascontiguousarray(feeds["B"])
+    got, want = _run(stock, stock_feeds), _run(stock, stock_feeds, "portable")
+    assert all(np.allclose(got[k], v, rtol=0, atol=1e-6) for k, v in want.items())
     grad, grad_feeds = _case("GRUGrad", direction)
     grad_feeds["B"] = feeds["B"]
     got, want = _run(grad, grad_feeds), _run(grad, grad_feeds, "portable")
@@ -125,7 +139,7 @@ def test_gru_biases_past_the_packing_limit():
     """Past PACKED_BIAS_LIMIT the blocks are added as before: same outputs."""
     hidden = 27  # the packing is [6H, 4H]
     assert 24 * hidden * hidden > PACKED_BIAS_LIMIT >= 24 * 26 * 26
-    model, feeds = _case("GRUTraining", "forward", hidden=hidden)
+    model, feeds = _case("GRUTraining", "forward", hidden=hidden, lengths=SCAN_LENGTHS)
     lowered = _lowered(model)
     assert _outside(lowered)["Concat"] == 1  # [Wb_zr + Rb_zr, Wb_h]
     got, want = _run(model, feeds), _run(model, feeds, "portable")
@@ -135,7 +149,7 @@ def test_gru_biases_past_the_packing_limit():
 @pytest.mark.parametrize("op", ["GRUTraining", "GRUGrad"])
 def test_gru_linear_after_reset_bias_is_one_row_sum(op):
     """linear_before_reset 0: the x bias is one ReduceSum of B's [2, 3H] rows (GRUGrad reads no B)."""
-    model, feeds = _case(op, "forward", lbr=0)
+    model, feeds = _case(op, "forward", lbr=0, lengths=SCAN_LENGTHS if op == "GRUTraining" else None)
     lowered = _lowered(model)
     readers = _readers(lowered, "B")
     if op == "GRUTraining":

@@ -1,8 +1,13 @@
 """Lowering of onnxruntime-training's recurrent ops ``LSTMTraining``, ``LSTMGrad``, ``GRUTraining`` and
 ``GRUGrad`` (``specs/com.microsoft/``).
 
-Per direction, a ``Scan`` over the steps carries the state; everything that does not depend on the state is
-done on the whole sequence outside it, as batched MatMuls, elementwise ops and ReduceSums:
+The forward ops on the onnxruntime target (f32, H static, no sequence_lengths, peepholes or input_forget) run the
+recurrence on onnxruntime's own ``LSTM`` / ``GRU`` kernel, one kernel for the sequence, and compute what the
+gradient reads from its hidden states for all steps at once (:func:`_stock_recurrence`): GRUTraining with the
+native kernel's bits (its gates in its order and with its activations, the rational tanh of onnxruntime's
+rnn_helpers among them), LSTMTraining as accurate, its cell states by a Scan of two kernels a step. Otherwise, per
+direction, a ``Scan`` over the steps carries the state; everything that does not depend on the state is done on
+the whole sequence outside it, as batched MatMuls, elementwise ops and ReduceSums:
 
 - forward: ``X W^T + W_b + R_b`` for all steps at once; the Scan body adds ``h R^T`` and applies the gates, one
   Sigmoid over the i, o, f blocks (GRU: z, r) and one Tanh over the c block. With H static on onnxruntime and no
@@ -358,6 +363,9 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
     if started is None:
         return
     outputs, io, e, x, w, r = started
+    if _stock_recurrence(e, request):
+        _lstm_training_stock(b, request, e, outputs, io, x, w, r)
+        return
     lengths = request.input("sequence_lengths")
     mask = _step_mask(e, _steps(e, x), lengths) if lengths else None
     scan_outputs = [r for r in ("HAll", "CAll", "iofc") if outputs[r]]
@@ -438,6 +446,62 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
     if scan_outputs:
         e.unpack(per_direction["packed"], [outputs[r] for r in scan_outputs],
                  [4 if r == "iofc" else 1 for r in scan_outputs], io)
+
+
+def _lstm_training_stock(b: NodeBuilder, request: LoweringRequest, e: _Emit, outputs: dict, io: int, x: str, w: str,
+                         r: str) -> None:
+    """LSTMTraining by onnxruntime's ``LSTM`` kernel (:func:`_stock_recurrence`): HAll, HFinal and CFinal are its Y,
+    Y_h and Y_c. iofc needs no loop: with every step's previous state known (HAll shifted by one step, initial_h
+    first), the gates of all steps are computed on [S * N] rows at once in onnxruntime-training's kernel's order (X
+    W^T, plus h R^T by a Gemm with it as C, plus W_b + R_b, then MLAS's Sigmoid and Tanh, as onnxruntime's ops run
+    them). CAll is the cell recurrence alone, c f + i g (i g for all steps before it): a Scan of two kernels a
+    step where the Scan of the whole cell ran nine. Not the native kernel's bits (onnxruntime's LSTM kernel rounds
+    a third of the recorded hidden states otherwise, and splits the batch across intra-op threads, whose smaller
+    GEMMs round otherwise again, as the native kernel does too); as accurate against float64 on every recorded
+    case (tests/test_accuracy_vs_native.py)."""
+    direction = request.inference.attributes.get("direction", "forward")
+    backwards_list = _BACKWARDS[direction]
+    count = len(backwards_list)
+    gates_wanted = bool(outputs["CAll"] or outputs["iofc"])  # they read every step's hidden state
+    results = _stock_results(b, e, outputs, io, ("HAll", "HFinal", "CFinal"), {"HAll": gates_wanted})
+    b.op("LSTM", _stock_inputs(e, request, io, x, w, r, ("initial_h", "initial_c")),
+         _trimmed([results["HAll"], results["HFinal"], results["CFinal"]]), hidden_size=e.hidden, direction=direction)
+    _cast_results(b, outputs, results, io)
+    if not gates_wanted:
+        return
+    h = e.hidden
+    gates, cells = [], []
+    for d, backwards in enumerate(backwards_list):
+        w_d, r_d = (_drop_direction(e, request, v, d) for v in (w, r))
+        projected = b.op1("MatMul", [x, b.op1("Transpose", [w_d], perm=[1, 0])], hint="x_w")  # no bias yet
+        rows = _stock_previous(e, request, results["HAll"], x, r, io, d, count, backwards)  # [S * N, H]
+        pre = e.affine(rows, r_d, b.op1("Reshape", [projected, e.ints([-1, 4 * h], "gate_rows")]))
+        pair = _bias_rows(e, request, d, io, 2)
+        if pair is not None:  # W_b + R_b, [2, 4H] -> [4H]
+            pre = b.op1("Add", [pre, e.reduce("ReduceSum", pair, (0,), keepdims=0)])
+        pre_iof, pre_g = e.split(pre, [3, 1], 1)
+        iof, g = b.op1("Sigmoid", [pre_iof]), b.op1("Tanh", [pre_g])
+        gates.append(b.op1("Concat", [iof, g], axis=1))
+        if not outputs["CAll"]:
+            continue
+        i, _, f = e.split(iof, [1, 1, 1], 1)
+        f_steps, ig_steps = (_steps_back(e, request, x, t, h) for t in (f, e.mul(i, g)))  # [S, 1, N, H]
+        start = _direction_input(e, request, "initial_c", d, io, count=count)
+        if start is None:
+            start = _state_zeros(e, x, r, kept=True)  # [1, N, H]
+
+        def cell(s: _Emit, state: list[str], scanned: list[str], _weights: list[str]):
+            # c f + i g; the step emits c f (not the new c, which as the state too would need an Identity a step):
+            # the same Add of every step's c f and i g after the loop makes every c
+            kept = s.mul(state[0], scanned[0])
+            return [s.add(kept, scanned[1])], [kept]
+
+        _, (kept,) = _scan(e, "lstm_cells", [start], [f_steps, ig_steps], cell, 1, backwards, outer=e.onnxruntime)
+        cells.append(b.op1("Add", [kept, ig_steps]))  # [S, 1, N, H]
+    if outputs["iofc"]:
+        _stack_steps(e, request, x, gates, 4 * h, outputs["iofc"], io)
+    if outputs["CAll"]:
+        e.stack(cells, 1, outputs["CAll"], io, kept=True)
 
 
 # -- LSTMGrad -------------------------------------------------------------------------------------------------------
@@ -617,6 +681,9 @@ def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
     attributes = request.inference.attributes
     linear_before_reset = int(attributes.get("linear_before_reset", 0))
     lengths = request.input("sequence_lengths")
+    if _stock_recurrence(e, request):
+        _gru_training_stock(b, request, e, outputs, io, x, w, r, linear_before_reset)
+        return
     mask = _step_mask(e, _steps(e, x), lengths) if lengths else None
     scan_outputs = [role for role in ("HAll", "ZRH") if outputs[role]]
     # linear_before_reset 1 with H static (onnxruntime): two Gemms per step, h R_zr^T + x_zr (the step's x_zr as
@@ -678,6 +745,184 @@ def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
     if scan_outputs:
         e.unpack(per_direction["packed"], [outputs[r] for r in scan_outputs],
                  [3 if r == "ZRH" else 1 for r in scan_outputs], io)
+
+
+# the fewest steps (static) for which the stock kernel's form runs faster than the Scan's: it computes the gates the
+# gradient reads for all steps at once in a fixed number of kernels (GRU ~70 with the rational tanh, LSTM ~20 and
+# two a step for the cells) where the Scan runs 9-11 a step (tools/ab_lowered.py --threads 1, CPU clock, stock
+# form / Scan form: GRU 5 steps 1.25, 12 steps 0.90; LSTM 5 steps 0.92-0.94, 10 steps 0.86)
+STOCK_STEPS = {"LSTMTraining": 4, "GRUTraining": 9}
+
+
+def _stock_recurrence(e: _Emit, request: LoweringRequest) -> bool:
+    """Whether the hidden states come from onnxruntime's own ``LSTM`` / ``GRU`` kernel (one kernel for the whole
+    sequence, every direction) rather than a Scan: the onnxruntime target with H static, f32, no
+    ``sequence_lengths``, no peepholes and no ``input_forget`` (the verifier already refused other activations and
+    ``clip``). A Scan step costs 7-11 kernels (each ~0.4 us at a sensor LSTM's sizes) where onnxruntime-training's
+    kernel runs the sequence in one: held-out gru_sensor's GRUTraining took 87 of its 197 us step, the native
+    kernel 12 us; the stock GRU kernel 11 us. Its hidden states are as accurate against float64 as the kernel's
+    (tests/test_accuracy_vs_native.py); the gate values the gradient reads are then computed from them for all
+    steps at once (see :func:`_gru_training_stock`, :func:`_lstm_training_stock`)."""
+    x = request.inference.input_types[request.inference.schema.input_index("X")]
+    steps = None if x is None or x.shape is None else x.shape[0]
+    return e.onnxruntime and bool(e.hidden) and e.ct == TensorProto.FLOAT and \
+        request.input("sequence_lengths") is None and request.input("P") is None and \
+        not int(request.inference.attributes.get("input_forget", 0)) and \
+        isinstance(steps, int) and steps >= STOCK_STEPS[request.inference.op_type]
+
+
+def _stock_inputs(e: _Emit, request: LoweringRequest, io: int, x: str, w: str, r: str,
+                  states: tuple[str, ...]) -> list[str]:
+    """The stock LSTM / GRU kernel's inputs: X, W, R, B, no sequence_lens, the initial states (trailing absent
+    ones dropped)."""
+    return _trimmed([x, w, r] + [e.up(request.input(role), io) if role and request.input(role) else ""
+                                 for role in ("B", None, *states)])
+
+
+def _trimmed(names: list[str]) -> list[str]:
+    """Names of a node's optional inputs or outputs without the trailing absent ones ("")."""
+    while names and names[-1] == "":
+        names = names[:-1]
+    return names
+
+
+def _stock_results(b: NodeBuilder, e: _Emit, outputs: dict, io: int, roles: tuple[str, ...],
+                   needed: dict[str, bool]) -> dict[str, str]:
+    """The stock kernel's output names per role: the requested output itself (f32), a fresh name (cast to it after,
+    or read by the gates' rows though not requested: ``needed``), or "" (an optional output not written)."""
+    return {role: (outputs[role] if outputs[role] and io == e.ct else
+                   b.fresh(role.lower()) if outputs[role] or needed.get(role) else "") for role in roles}
+
+
+def _cast_results(b: NodeBuilder, outputs: dict, results: dict[str, str], io: int) -> None:
+    for role, value in results.items():
+        if outputs[role] and value != outputs[role]:
+            b.op1("Cast", [value], outputs[role], to=io)
+
+
+def _stock_previous(e: _Emit, request: LoweringRequest, y: str, x: str, r: str, io: int, d: int, count: int,
+                    backwards: bool) -> str:
+    """Direction d's hidden state before each step as [S * N, H] rows: the stock kernel's Y [S, D, N, H] shifted by
+    one step towards where the direction starts, initial_h (zeros without it) first. One direction: Y as it is, the
+    state as [1, N, H] (no Squeeze of either)."""
+    if count == 1:
+        values = y
+        start = _direction_input(e, request, "initial_h", d, io, count=1)
+        if start is None:
+            start = _state_zeros(e, x, r, kept=True)
+    else:
+        values = e.pick(y, d, 1)
+        start = _direction_input(e, request, "initial_h", d, io)
+        if start is None:
+            start = _state_zeros(e, x, r)
+    previous = _previous(e, values, start, backwards, None)
+    return e.b.op1("Reshape", [previous, e.ints([-1, e.hidden], "state_rows")])
+
+
+def _steps_back(e: _Emit, request: LoweringRequest, x: str, rows: str, width: int, output: str | None = None) -> str:
+    """[S * N, width] rows as [S, 1, N, width] (one direction's slice of a [S, D, N, ..] output; written to
+    ``output`` when given)."""
+    n = _batch(request)
+    if n is not None:
+        shape = e.ints([-1, 1, n, width], "steps_back")
+    else:
+        dims = e.b.op1("Shape", [x])
+        shape = e.b.op1("Concat", [e.slice(dims, 0, 1, 0), e.ints([1], "one_dim"), e.slice(dims, 1, 2, 0),
+                                   e.ints([width], "width")], axis=0)
+    return e.b.op1("Reshape", [rows, shape], output)
+
+
+def _stack_steps(e: _Emit, request: LoweringRequest, x: str, parts: list[str], width: int, output: str,
+                 io: int) -> None:
+    """The directions' [S * N, width] rows as the [S, D, N, width] ``output``: one Reshape into it for one
+    direction (no Identity after it), else Reshapes and a Concat."""
+    if len(parts) == 1 and io == e.ct:
+        _steps_back(e, request, x, parts[0], width, output)
+        return
+    e.stack([_steps_back(e, request, x, p, width) for p in parts], 1, output, io, kept=True)
+
+
+# onnxruntime's recurrent kernels (rnn_helpers.cc, deepcpu) compute GRU's reset gate and candidate activation with a
+# rational approximation of tanh: x clipped, then odd polynomial / even polynomial in x^2 by Horner's rule, in f32
+# operations one at a time (no fused multiply-add); sigmoid(x) is 0.5 (1 + that at x / 2)
+_TANH_NUMERATOR = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
+                   1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03)  # x^13 down to x^1
+_TANH_DENOMINATOR = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
+                     4.89352518554385e-03)  # x^6 down to x^0
+_SIGMOID_BOUND, _TANH_BOUND = 20.0, 10.0
+
+
+def _rational_ratio(e: _Emit, x: str) -> str:
+    """The kernels' tanh approximation p(x) / q(x) of a clipped ``x``, in their order of f32 operations."""
+    b = e.b
+    x2 = b.op1("Mul", [x, x])
+    p = b.op1("Add", [b.op1("Mul", [x2, e.scalar(_TANH_NUMERATOR[0], "tanh_p")]),
+                      e.scalar(_TANH_NUMERATOR[1], "tanh_p")])
+    for coefficient in _TANH_NUMERATOR[2:]:
+        p = b.op1("Add", [b.op1("Mul", [x2, p]), e.scalar(coefficient, "tanh_p")])
+    p = b.op1("Mul", [x, p])
+    q = b.op1("Add", [b.op1("Mul", [x2, e.scalar(_TANH_DENOMINATOR[0], "tanh_q")]),
+                      e.scalar(_TANH_DENOMINATOR[1], "tanh_q")])
+    for coefficient in _TANH_DENOMINATOR[2:]:
+        q = b.op1("Add", [b.op1("Mul", [x2, q]), e.scalar(coefficient, "tanh_q")])
+    return b.op1("Div", [p, q])
+
+
+def _clipped(e: _Emit, x: str, bound: float) -> str:
+    return e.b.op1("Clip", [x, e.scalar(-bound, "clip_low"), e.scalar(bound, "clip_high")])
+
+
+def _rational_tanh(e: _Emit, x: str) -> str:
+    """tanh as onnxruntime's GRU kernel computes its candidate activation (gru_output_gate_tanh)."""
+    return _rational_ratio(e, _clipped(e, x, _TANH_BOUND))
+
+
+def _rational_sigmoid(e: _Emit, x: str) -> str:
+    """sigmoid as onnxruntime's GRU kernel computes its reset gate (gru_reset_gate_sigmoid): 0.5 (1 + p/q) at x/2."""
+    half = e.scalar(0.5, "half")
+    ratio = _rational_ratio(e, e.b.op1("Mul", [half, _clipped(e, x, _SIGMOID_BOUND)]))
+    return e.b.op1("Mul", [half, e.b.op1("Add", [e.scalar(1.0, "one"), ratio])])
+
+
+def _gru_training_stock(b: NodeBuilder, request: LoweringRequest, e: _Emit, outputs: dict, io: int, x: str,
+                        w: str, r: str, linear_before_reset: int) -> None:
+    """GRUTraining by onnxruntime's ``GRU`` kernel (:func:`_stock_recurrence`): HAll and HFinal are its Y and Y_h
+    (onnxruntime-training's kernel runs the same loop: the same bits on every recorded case). ZRH needs no loop:
+    with every step's previous state known (HAll shifted by one step, initial_h first), z, r and h~ of all steps
+    are computed on [S * N] rows at once in that kernel's order, so with its bits: X W^T, plus h R_zr^T (a Gemm
+    with it as C), plus Wb_zr + Rb_zr, then the Sigmoid; h~ from X W_h^T plus r (h R_h^T + R_bh) (linear_before_reset
+    1; 0: plus (r h) R_h^T), plus the h biases, then the Tanh."""
+    direction = request.inference.attributes.get("direction", "forward")
+    backwards_list = _BACKWARDS[direction]
+    count = len(backwards_list)
+    results = _stock_results(b, e, outputs, io, ("HAll", "HFinal"), {"HAll": bool(outputs["ZRH"])})
+    hall = results["HAll"]
+    b.op("GRU", _stock_inputs(e, request, io, x, w, r, ("initial_h",)), _trimmed([hall, results["HFinal"]]),
+         hidden_size=e.hidden, direction=direction, linear_before_reset=linear_before_reset)
+    _cast_results(b, outputs, results, io)
+    if not outputs["ZRH"]:
+        return
+    h = e.hidden
+    parts = []
+    for d, backwards in enumerate(backwards_list):
+        w_d, r_d = (_drop_direction(e, request, v, d) for v in (w, r))
+        projected = b.op1("MatMul", [x, b.op1("Transpose", [w_d], perm=[1, 0])], hint="x_w")  # no bias yet
+        x_zr, x_h = e.split(b.op1("Reshape", [projected, e.ints([-1, 3 * h], "gate_rows")]), [2, 1], 1)
+        x_bias, rb_h = _gru_training_biases(e, request, d, io, linear_before_reset)
+        bias_zr, bias_h = e.split(x_bias, [2, 1], 0) if x_bias is not None else (None, None)
+        rows = _stock_previous(e, request, hall, x, r, io, d, count, backwards)  # [S * N, H]
+        r_zr, r_h = _gru_weights(e, r_d)
+        zr = e.affine(rows, r_zr, x_zr)
+        z_pre, r_pre = e.split(zr if bias_zr is None else e.add(zr, bias_zr), [1, 1], 1)
+        z = b.op1("Sigmoid", [z_pre])  # the kernel's update gate: MLAS's logistic, as onnxruntime's Sigmoid
+        reset = _rational_sigmoid(e, r_pre)
+        if linear_before_reset:
+            pre = e.add(x_h, e.mul(e.affine(rows, r_h, rb_h), reset))
+        else:
+            pre = e.affine(e.mul(rows, reset), r_h, x_h)
+        candidate = _rational_tanh(e, pre if bias_h is None else e.add(pre, bias_h))
+        parts.append(b.op1("Concat", [z, reset, candidate], axis=1))
+    _stack_steps(e, request, x, parts, 3 * h, outputs["ZRH"], io)
 
 
 # -- GRUGrad --------------------------------------------------------------------------------------------------------

@@ -642,6 +642,7 @@ def _flat_state_update(b: NodeBuilder, lr: str, scalars: StepScalars | None, ada
     else:
         b.op("Split", [names[0], b.const(np.array([z - a for a, z in cuts], np.int64), hint="sizes")], pieces, axis=0)
     piece_of = dict(zip(cuts, pieces, strict=True))
+    joined_of: dict[tuple, str] = {}  # views of the same ranges in other shapes share their Concat
     for value, (ranges, shape) in views.items():
         if direct.get(ranges[0]) == value and len(ranges) == 1:
             continue
@@ -651,8 +652,10 @@ def _flat_state_update(b: NodeBuilder, lr: str, scalars: StepScalars | None, ada
         elif len(shape) == 1:  # a piece another view reads too (onnxruntime drops the Identity)
             b.op1("Identity", parts, value)
         else:
-            joined = b.op1("Concat", parts, axis=0, hint="view") if len(parts) > 1 else parts[0]
-            b.op1("Reshape", [joined, b.const(np.array(shape, np.int64), hint="shape")], value)
+            key = tuple(ranges)
+            if key not in joined_of:
+                joined_of[key] = b.op1("Concat", parts, axis=0, hint="view") if len(parts) > 1 else parts[0]
+            b.op1("Reshape", [joined_of[key], b.const(np.array(shape, np.int64), hint="shape")], value)
     g = b.op1("Concat", _gradient_pieces(b, graph, [gradients[p] for p in group], shapes_of, shapes),
               axis=0, hint="flat_gradients")
     first = len(b.nodes)  # the update's nodes: their results are renamed to the outputs
@@ -797,8 +800,12 @@ def _param_views(graph: onnx.GraphProto, spans: dict[str, list[tuple[int, int]]]
 
         rank = {p: len(shapes.get(p) or ()) for p in params}
         before = sum(rank[p] != 1 for p in params) + sum(n.op_type != "Identity" for n in nodes)
-        after = sum((_pieces(r, bounds) > 1) + (s is None and rank[v] != 1 or s is not None and len(s) != 1)
-                    for v, (r, s) in (*read.items(), *own.items()))
+        # a Reshape per view of rank other than 1, one Concat per distinct range list of several pieces (views of
+        # the same elements in other shapes, e.g. a stock LSTM's [1, 4H, H] R and the [4H, H] its gates read,
+        # share it)
+        taken = (*read.items(), *own.items())
+        after = sum(s is None and rank[v] != 1 or s is not None and len(s) != 1 for v, (r, s) in taken) + \
+            sum(_pieces(list(r), bounds) > 1 for r in {tuple(r) for _, (r, _) in taken})
         if after < before:
             views.update({v: (r, tuple(s)) for v, (r, s) in read.items()})
             replaced += nodes

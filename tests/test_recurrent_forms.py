@@ -136,20 +136,26 @@ def stock_from_one_step(monkeypatch):
     monkeypatch.setattr(recurrent, "STOCK_STEPS", {"LSTMTraining": 1, "GRUTraining": 1})
 
 
-@pytest.mark.parametrize("op, steps", [("LSTMTraining", 3), ("LSTMTraining", 4), ("GRUTraining", 8),
-                                       ("GRUTraining", 9)])
-def test_the_stock_form_from_a_number_of_steps(op, steps):
-    """The Scan below recurrent.STOCK_STEPS static steps (and with steps unknown), the stock kernel from there."""
+@pytest.mark.parametrize("op, steps, batch", [("LSTMTraining", 3, 3), ("LSTMTraining", 4, 3), ("LSTMTraining", 4, 1366),
+                                              ("GRUTraining", 8, 3), ("GRUTraining", 9, 3), ("GRUTraining", 9, 203)])
+def test_the_stock_form_for_small_steps(op, steps, batch):
+    """The stock kernel from recurrent.STOCK_STEPS static steps up to STOCK_GATES gate values (steps x batch x
+    gates x H, H = 3 here: 4 x 1366 x 4 x 3 and 9 x 203 x 3 x 3 are just past it), the Scan otherwise and with the
+    steps or the batch unknown."""
     rng = np.random.default_rng(43)
-    inputs = (_lstm_inputs if op.startswith("LSTM") else _gru_inputs)(rng, steps=steps)
+    inputs = (_lstm_inputs if op.startswith("LSTM") else _gru_inputs)(rng, steps=steps, batch=batch)
     names, outputs = (LSTM_IN, LSTM_OUT) if op.startswith("LSTM") else (GRU_IN, GRU_OUT)
     attrs = {"hidden_size": 3} | ({} if op.startswith("LSTM") else {"linear_before_reset": 1})
     model = _model(op, inputs, names, outputs, attrs)
     stock = op[:-len("Training")] in {n.op_type for n in _lowered(model).graph.node}
-    assert stock == (steps >= recurrent.STOCK_STEPS[op])
-    x = next(v for v in model.graph.input if v.name == "X")
-    x.type.tensor_type.shape.dim[0].dim_param = "S"
-    assert op[:-len("Training")] not in {n.op_type for n in _lowered(model).graph.node}
+    gates = steps * batch * (4 if op.startswith("LSTM") else 3) * 3
+    assert stock == (steps >= recurrent.STOCK_STEPS[op] and gates <= recurrent.STOCK_GATES[op])
+    for axis in (0, 1):
+        symbolic = onnx.ModelProto()
+        symbolic.CopyFrom(model)
+        x = next(v for v in symbolic.graph.input if v.name == "X")
+        x.type.tensor_type.shape.dim[axis].dim_param = "S" if axis == 0 else "N"
+        assert op[:-len("Training")] not in {n.op_type for n in _lowered(symbolic).graph.node}
 
 
 RECORDED = [c for c in recorded_cases() if c["op_type"] in ("LSTMTraining", "GRUTraining")]

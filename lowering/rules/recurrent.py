@@ -747,28 +747,36 @@ def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
                  [3 if r == "ZRH" else 1 for r in scan_outputs], io)
 
 
-# the fewest steps (static) for which the stock kernel's form runs faster than the Scan's: it computes the gates the
-# gradient reads for all steps at once in a fixed number of kernels (GRU ~70 with the rational tanh, LSTM ~20 and
-# two a step for the cells) where the Scan runs 9-11 a step (tools/ab_lowered.py --threads 1, CPU clock, stock
-# form / Scan form: GRU 5 steps 1.25, 12 steps 0.90; LSTM 5 steps 0.92-0.94, 10 steps 0.86)
+# The stock kernel's form computes the gates the gradient reads for all steps at once in a fixed number of kernels
+# (GRU ~70 with the rational tanh, LSTM ~20 and two a step for the cells) where the Scan runs 9-11 a step: it pays
+# from STOCK_STEPS static steps on (tools/ab_lowered.py --threads 1, CPU clock, stock / Scan form: GRU 5 steps 1.25,
+# 12 steps 0.90; LSTM 5 steps 0.92-0.94, 10 steps 0.86) and up to STOCK_GATES gate values (S * N * gates * H) a
+# direction: past that the passes over the gates outweigh the Scan's per-step cost (tools/bench_recurrent.py, 2
+# threads, the forward op alone, stock / Scan ms: [S, N, I, H] [20, 8, 16, 32] LSTM 0.19 / 0.31, GRU 0.29 / 0.31;
+# [30, 16, 32, 64] LSTM 0.75 / 0.72, GRU 0.86 / 0.48; [50, 32, 64, 128] LSTM 5.2-7.3 / 3.6-4.2, GRU 6.4-9.1 /
+# 2.5-2.7)
 STOCK_STEPS = {"LSTMTraining": 4, "GRUTraining": 9}
+STOCK_GATES = {"LSTMTraining": 1 << 16, "GRUTraining": 1 << 14}
+_GATES = {"LSTMTraining": 4, "GRUTraining": 3}
 
 
 def _stock_recurrence(e: _Emit, request: LoweringRequest) -> bool:
     """Whether the hidden states come from onnxruntime's own ``LSTM`` / ``GRU`` kernel (one kernel for the whole
-    sequence, every direction) rather than a Scan: the onnxruntime target with H static, f32, no
+    sequence, every direction) rather than a Scan: the onnxruntime target with H and X's shape static, f32, no
     ``sequence_lengths``, no peepholes and no ``input_forget`` (the verifier already refused other activations and
-    ``clip``). A Scan step costs 7-11 kernels (each ~0.4 us at a sensor LSTM's sizes) where onnxruntime-training's
-    kernel runs the sequence in one: held-out gru_sensor's GRUTraining took 87 of its 197 us step, the native
-    kernel 12 us; the stock GRU kernel 11 us. Its hidden states are as accurate against float64 as the kernel's
-    (tests/test_accuracy_vs_native.py); the gate values the gradient reads are then computed from them for all
-    steps at once (see :func:`_gru_training_stock`, :func:`_lstm_training_stock`)."""
+    ``clip``), a sequence of STOCK_STEPS to STOCK_GATES (small steps). A Scan step costs 7-11 kernels (each ~0.4 us
+    at a sensor LSTM's sizes) where onnxruntime-training's kernel runs the sequence in one: held-out gru_sensor's
+    GRUTraining took 87 of its 197 us step, the native kernel 12 us, the stock GRU kernel 11 us. The gate values the
+    gradient reads are then computed from its hidden states for all steps at once (see :func:`_gru_training_stock`,
+    :func:`_lstm_training_stock`)."""
+    op = request.inference.op_type
     x = request.inference.input_types[request.inference.schema.input_index("X")]
-    steps = None if x is None or x.shape is None else x.shape[0]
+    steps, batch = (None, None) if x is None or x.shape is None or len(x.shape) != 3 else x.shape[:2]
     return e.onnxruntime and bool(e.hidden) and e.ct == TensorProto.FLOAT and \
         request.input("sequence_lengths") is None and request.input("P") is None and \
         not int(request.inference.attributes.get("input_forget", 0)) and \
-        isinstance(steps, int) and steps >= STOCK_STEPS[request.inference.op_type]
+        isinstance(steps, int) and isinstance(batch, int) and steps >= STOCK_STEPS[op] and \
+        steps * batch * _GATES[op] * e.hidden <= STOCK_GATES[op]
 
 
 def _stock_inputs(e: _Emit, request: LoweringRequest, io: int, x: str, w: str, r: str,

@@ -648,6 +648,9 @@ def _flat_state_update(b: NodeBuilder, lr: str, scalars: StepScalars | None, ada
             continue
         parts = [piece_of[c] for a, z in ranges for c in cuts if a <= c[0] and c[1] <= z]
         if len(shape) == 1 and len(parts) > 1:
+            # its own Concat: two 1-D views of the same ranges are identical nodes, which onnxruntime's
+            # common-subexpression elimination merges along with what reads them (GRU's bias packing in the forward
+            # and the gradient); a Reshape of the other view would keep the readers apart (gru +3 kernels)
             b.op1("Concat", parts, value, axis=0)
         elif len(shape) == 1:  # a piece another view reads too (onnxruntime drops the Identity)
             b.op1("Identity", parts, value)

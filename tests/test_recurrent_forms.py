@@ -5,9 +5,10 @@ packed into one scan output, the backward's gate factors computed before the loo
 scan_input_directions and the backward bodies reading the weights by name. That form gives, in f32, the portable
 form's bits (Gather views, MatMul with transposed weights, reversing Slices, weights as Scan states), which
 tests/test_recurrent.py checks against the float64 reference: every direction, sequence lengths, peepholes, GRU's
-linear_before_reset, opsets 12 and 17, and H known only at run time. The forward ops without sequence_lengths
-(and LSTM without peepholes) run onnxruntime's own LSTM / GRU kernel instead, their gates for all steps at once
-(GRUTraining: the native kernel's bits; LSTMTraining: its accuracy)."""
+linear_before_reset, opsets 12 and 17, and H known only at run time. A short, small forward without
+sequence_lengths (and LSTM without peepholes; recurrent.STOCK_STEPS, STOCK_GATES) runs onnxruntime's own LSTM / GRU
+kernel instead, its gates for all steps at once (GRUTraining: the native kernel's bits; LSTMTraining: its
+accuracy)."""
 
 from __future__ import annotations
 
@@ -176,8 +177,8 @@ def test_onnxruntime_gru_form_gives_the_native_kernels_bits(case, stock_from_one
     """Every recorded GRUTraining case: the onnxruntime form's outputs are onnxruntime-training's own, bit for bit
     (its kernel and onnxruntime's GRU share their loop; ZRH, computed for all steps at once from the stock kernel's
     hidden states, follows its order of operations and its activations: MLAS's logistic for z, the rational tanh of
-    rnn_helpers for r and h~). LSTMTraining's stock form is not the native bits (onnxruntime's LSTM kernel rounds
-    2 of 3 hidden states otherwise), only as accurate: tests/test_accuracy_vs_native.py."""
+    rnn_helpers for r and h~). LSTMTraining's stock form is not the native bits (onnxruntime's LSTM kernel rounds a
+    third of the recorded hidden states otherwise), only as accurate (the test above)."""
     model, feeds, recorded = load_recorded(case)
     lowered = _lowered(model)
     assert "GRU" in {n.op_type for n in lowered.graph.node}
@@ -196,10 +197,10 @@ CASES = [("LSTMTraining", d, lengths, peep) for d, lengths, peep in
 
 @pytest.mark.parametrize("op, direction, lengths, flag", CASES, ids=lambda v: str(v))
 def test_onnxruntime_form_gives_the_portable_forms_bits(op, direction, lengths, flag):
-    """flag: peepholes (LSTM) or linear_before_reset (GRU). The forward ops without sequence_lengths (nor
-    peepholes) run onnxruntime's own LSTM / GRU kernel on this target, the native kernel's bits rather than the
-    portable Scan's (test_onnxruntime_form_gives_the_native_kernels_bits; every direction against the float64
-    reference in tests/test_recurrent.py); the two forms agree to the reference's tolerance there."""
+    """flag: peepholes (LSTM) or linear_before_reset (GRU). Where the onnxruntime target takes the stock kernel's
+    form (here LSTMTraining's 4 steps without sequence_lengths or peepholes) it rounds otherwise than the portable
+    Scan (test_the_stock_form_is_as_accurate_as_the_native_kernel; every direction against the float64 reference in
+    tests/test_recurrent.py): the two forms agree to 1e-6 of the scale there, bit for bit everywhere else."""
     rng = np.random.default_rng(41)
     if op.startswith("LSTM"):
         model, feeds = _lstm(op, rng, direction, lengths, peep=flag)

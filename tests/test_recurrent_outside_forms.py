@@ -49,8 +49,9 @@ def _readers(model: onnx.ModelProto, name: str) -> list[str]:
     return [n.op_type for n in model.graph.node if name in n.input]
 
 
-# GRUTraining with sequence lengths: the Scan form these bias tests pin (without them onnxruntime's own GRU kernel
-# runs the loop, tests/test_recurrent_forms.py; its ZRH reads the same packed biases)
+# GRUTraining with sequence lengths: the Scan form these bias tests pin, whatever recurrent.STOCK_STEPS says (a
+# short, small sequence without them runs onnxruntime's own GRU kernel, tests/test_recurrent_forms.py; its ZRH reads
+# the same packed biases)
 SCAN_LENGTHS = [4, 2, 3]
 
 

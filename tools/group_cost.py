@@ -31,19 +31,14 @@ import onnx
 from onnx import helper, numpy_helper
 
 from lowering.modelio import load_model
+from lowering.static_shapes import static_shapes
 from lowering.training.trainer import TRAINING_MODEL
-
-
-def _shapes(model: onnx.ModelProto) -> dict[str, tuple]:
-    inferred = onnx.shape_inference.infer_shapes(model)
-    values = [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
-    return {v.name: tuple(d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim) for v in values}
 
 
 def knocked_out(step: onnx.ModelProto, raw: onnx.ModelProto, ops: list[str]) -> tuple[onnx.ModelProto, int]:
     """``step`` without the lowered nodes of ``raw``'s nodes of type ``ops`` (Constants kept: other rules share
     them), with stand-ins for what the rest reads; (model, nodes removed)."""
-    raw_shape, step_shape = _shapes(raw), _shapes(step)
+    raw_shape, step_shape = static_shapes(raw), static_shapes(step)
     targets = [n for n in raw.graph.node if n.op_type in ops and n.name]
     model = onnx.ModelProto()
     model.CopyFrom(step)
@@ -59,16 +54,15 @@ def knocked_out(step: onnx.ModelProto, raw: onnx.ModelProto, ops: list[str]) -> 
         {i.name for i in graph.initializer} | {""}
     stand_ins = []
 
-    def stand_in(name: str, target: onnx.NodeProto, shape: tuple | None) -> None:
-        if shape is None or not all(isinstance(d, int) for d in shape):
+    def stand_in(name: str, target: onnx.NodeProto, shape: list[int | None] | None) -> None:
+        if shape is None or None in shape:
             raise SystemExit(f"group_cost: no static shape for {name!r} (read after {target.op_type} "
                              f"{target.name!r})")
         same = next((i for i in target.input if i and raw_shape.get(i) == shape), None)
         if same is not None:
             stand_ins.append(helper.make_node("Identity", [same], [name], name=f"knockout/{name}"))
-        elif (same := next((i for i in target.input if i and raw_shape.get(i) and all(
-                isinstance(d, int) for d in raw_shape[i]) and math.prod(raw_shape[i]) == math.prod(shape)),
-                None)) is not None:
+        elif (same := next((i for i in target.input if i and raw_shape.get(i) and None not in raw_shape[i]
+                            and math.prod(raw_shape[i]) == math.prod(shape)), None)) is not None:
             graph.initializer.append(numpy_helper.from_array(np.array(shape, np.int64), f"knockout/shape/{name}"))
             stand_ins.append(helper.make_node("Reshape", [same, f"knockout/shape/{name}"], [name],
                                               name=f"knockout/{name}"))

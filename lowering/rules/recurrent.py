@@ -204,6 +204,13 @@ class _Emit(Emitter):
         self.split(whole, blocks, 3, outputs)
 
 
+def _input_product(e: _Emit, request: LoweringRequest, x: str, w: str, r: str, d: int) -> tuple[str, str]:
+    """Direction d's X W^T for all steps ([S, N, gates * H], no bias; onnxruntime fuses the Transpose into the
+    MatMul) and its R ([gates * H, H])."""
+    w_d, r_d = (_drop_direction(e, request, v, d) for v in (w, r))
+    return e.b.op1("MatMul", [x, e.b.op1("Transpose", [w_d], perm=[1, 0])], hint="x_w"), r_d
+
+
 def _state_zeros(e: _Emit, x: str, r: str, kept: bool = False) -> str:
     """Zeros of shape [N, H] ([1, N, H] ``kept``): N from X [S, N, I], H from R [D, 4H, H]."""
     b = e.b
@@ -375,8 +382,7 @@ def lower_lstm_training(b: NodeBuilder, request: LoweringRequest) -> None:
     two_gemms = request.input("P") is None and bool(e.hidden)
     per_direction: dict[str, list[str]] = {r: [] for r in ("HFinal", "CFinal", "packed")}
     for d, backwards in enumerate(_BACKWARDS[request.inference.attributes.get("direction", "forward")]):
-        w_d, r_d = (_drop_direction(e, request, v, d) for v in (w, r))
-        projected = b.op1("MatMul", [x, b.op1("Transpose", [w_d], perm=[1, 0])], hint="x_w")
+        projected, r_d = _input_product(e, request, x, w, r, d)
         pair = _bias_rows(e, request, d, io, 2)
         if pair is not None:  # W_b + R_b, [2, 4H] -> [4H]
             projected = b.op1("Add", [projected, e.reduce("ReduceSum", pair, (0,), keepdims=0)])
@@ -472,10 +478,8 @@ def _lstm_training_stock(b: NodeBuilder, request: LoweringRequest, e: _Emit, out
     h = e.hidden
     gates, cells = [], []
     for d, backwards in enumerate(backwards_list):
-        w_d, r_d = (_drop_direction(e, request, v, d) for v in (w, r))
-        projected = b.op1("MatMul", [x, b.op1("Transpose", [w_d], perm=[1, 0])], hint="x_w")  # no bias yet
-        rows = _stock_previous(e, request, results["HAll"], x, r, io, d, count, backwards)  # [S * N, H]
-        pre = e.affine(rows, r_d, b.op1("Reshape", [projected, e.ints([-1, 4 * h], "gate_rows")]))
+        x_rows, rows, r_d = _stock_direction(e, request, results["HAll"], x, w, r, io, d, count, backwards, 4)
+        pre = e.affine(rows, r_d, x_rows)
         pair = _bias_rows(e, request, d, io, 2)
         if pair is not None:  # W_b + R_b, [2, 4H] -> [4H]
             pre = b.op1("Add", [pre, e.reduce("ReduceSum", pair, (0,), keepdims=0)])
@@ -691,8 +695,7 @@ def lower_gru_training(b: NodeBuilder, request: LoweringRequest) -> None:
     two_gemms = bool(linear_before_reset and e.hidden)
     per_direction: dict[str, list[str]] = {role: [] for role in ("HFinal", "packed")}
     for d, backwards in enumerate(_BACKWARDS[attributes.get("direction", "forward")]):
-        w_d, r_d = (_drop_direction(e, request, v, d) for v in (w, r))
-        projected = b.op1("MatMul", [x, b.op1("Transpose", [w_d], perm=[1, 0])], hint="x_w")
+        projected, r_d = _input_product(e, request, x, w, r, d)
         x_bias, rb_h = _gru_training_biases(e, request, d, io, linear_before_reset)
         if x_bias is not None:
             projected = b.op1("Add", [projected, x_bias])
@@ -827,6 +830,15 @@ def _stock_previous(e: _Emit, request: LoweringRequest, y: str, x: str, r: str, 
     return e.b.op1("Reshape", [previous, e.ints([-1, e.hidden], "state_rows")])
 
 
+def _stock_direction(e: _Emit, request: LoweringRequest, y: str, x: str, w: str, r: str, io: int, d: int, count: int,
+                     backwards: bool, gates: int) -> tuple[str, str, str]:
+    """What the stock forms compute direction d's gates from, as [S * N, ..] rows: X W^T (no bias) [S * N, gates *
+    H], the hidden state before each step (:func:`_stock_previous`) [S * N, H], and the direction's R."""
+    projected, r_d = _input_product(e, request, x, w, r, d)
+    x_rows = e.b.op1("Reshape", [projected, e.ints([-1, gates * e.hidden], "gate_rows")])
+    return x_rows, _stock_previous(e, request, y, x, r, io, d, count, backwards), r_d
+
+
 def _steps_back(e: _Emit, request: LoweringRequest, x: str, rows: str, width: int, output: str | None = None) -> str:
     """[S * N, width] rows as [S, 1, N, width] (one direction's slice of a [S, D, N, ..] output; written to
     ``output`` when given)."""
@@ -913,12 +925,10 @@ def _gru_training_stock(b: NodeBuilder, request: LoweringRequest, e: _Emit, outp
     h = e.hidden
     parts = []
     for d, backwards in enumerate(backwards_list):
-        w_d, r_d = (_drop_direction(e, request, v, d) for v in (w, r))
-        projected = b.op1("MatMul", [x, b.op1("Transpose", [w_d], perm=[1, 0])], hint="x_w")  # no bias yet
-        x_zr, x_h = e.split(b.op1("Reshape", [projected, e.ints([-1, 3 * h], "gate_rows")]), [2, 1], 1)
+        x_rows, rows, r_d = _stock_direction(e, request, hall, x, w, r, io, d, count, backwards, 3)
+        x_zr, x_h = e.split(x_rows, [2, 1], 1)
         x_bias, rb_h = _gru_training_biases(e, request, d, io, linear_before_reset)
         bias_zr, bias_h = e.split(x_bias, [2, 1], 0) if x_bias is not None else (None, None)
-        rows = _stock_previous(e, request, hall, x, r, io, d, count, backwards)  # [S * N, H]
         r_zr, r_h = _gru_weights(e, r_d)
         zr = e.affine(rows, r_zr, x_zr)
         z_pre, r_pre = e.split(zr if bias_zr is None else e.add(zr, bias_zr), [1, 1], 1)

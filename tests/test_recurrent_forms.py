@@ -75,9 +75,9 @@ def _gru(op: str, rng, direction="forward", lengths=None, lbr=1, bias=True, opse
 # the bodies of a forward-direction node with every output requested, no sequence_lengths nor peepholes (None: no
 # Scan at all)
 BODIES = {
-    # onnxruntime's LSTM kernel runs the cell; CAll's recurrence alone is left to a Scan: c f (the step's output)
-    # and c f + i g (the new state; every step's c is the same Add of its c f and i g after the loop)
-    "LSTMTraining": {"Mul": 1, "Add": 1},
+    # onnxruntime's LSTM kernel runs the cell; CAll by a second LSTM kernel with identity activations (a small
+    # N H; a Scan of the cell alone otherwise: CELL_SCAN_BODY)
+    "LSTMTraining": None,
     # dh + dHAll; dc + (dh o)(1 - tanh^2 c); dz = ([dc, dh, dc, dc] a1) a2 a3; dz R; dc f
     "LSTMGrad": {"Add": 2, "Mul": 6, "Concat": 1, "MatMul": 1},
     # onnxruntime's GRU kernel runs the loop; ZRH is computed for all steps at once from its hidden states
@@ -93,8 +93,9 @@ def test_onnxruntime_bodies_per_step(op, stock_from_one_step):
     rng = np.random.default_rng(40)
     model, _ = (_lstm if op.startswith("LSTM") else _gru)(op, rng)
     lowered = _lowered(model)
-    if op.endswith("Training"):  # onnxruntime's own kernel runs the recurrence
-        assert collections.Counter(n.op_type for n in lowered.graph.node)[op[:-len("Training")]] == 1
+    if op.endswith("Training"):  # onnxruntime's own kernel runs the recurrence (LSTM: and the cell states)
+        kernels = collections.Counter(n.op_type for n in lowered.graph.node)[op[:-len("Training")]]
+        assert kernels == (2 if op == "LSTMTraining" else 1)
     if BODIES[op] is None:
         assert _bodies(lowered) == []
         return
@@ -108,6 +109,35 @@ def test_onnxruntime_bodies_per_step(op, stock_from_one_step):
     portable = _lowered(model, "portable")
     ((_, portable_body),) = _bodies(portable)
     assert "Split" not in portable_body and "Gemm" not in portable_body  # not in lowering.rules.PORTABLE_OPS
+
+
+# LSTMTraining's cell states past recurrent.CELL_KERNEL_LIMIT: a Scan of the cell alone, c f (the step's output) and
+# c f + i g (the new state; every step's c is the same Add of its c f and i g after the loop)
+CELL_SCAN_BODY = {"Mul": 1, "Add": 1}
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("state", [True, False])
+def test_lstm_cell_states_by_the_kernel_are_the_cell_scans_bits(direction, state, stock_from_one_step, monkeypatch):
+    """CAll by onnxruntime's LSTM kernel with identity activations (the gates fed as X through an identity W, o = 1
+    by its bias, R = 0) is the cell Scan's c f + i g bit for bit, and so is every other output; with N H past
+    CELL_KERNEL_LIMIT the Scan of the cell alone runs, two kernels a step."""
+    rng = np.random.default_rng(44)
+    directions = 2 if direction == "bidirectional" else 1
+    inputs = _lstm_inputs(rng, steps=6, batch=3, directions=directions, state=state)
+    model = _model("LSTMTraining", inputs, LSTM_IN, LSTM_OUT, {"hidden_size": 3, "direction": direction})
+    feeds = {k: v for k, v in inputs.items() if v is not None}
+    by_kernel = _lowered(model)
+    # the recurrence's one kernel (every direction), one for each direction's cell states
+    assert collections.Counter(n.op_type for n in by_kernel.graph.node)["LSTM"] == 1 + directions
+    assert _bodies(by_kernel) == []
+    monkeypatch.setattr(recurrent, "CELL_KERNEL_LIMIT", 3 * 3 - 1)
+    by_scan = _lowered(model)
+    assert [body for _, body in _bodies(by_scan)] == [CELL_SCAN_BODY] * directions
+    want, got = run_model(by_scan, feeds), run_model(by_kernel, feeds)
+    assert set(got) == set(LSTM_OUT)
+    for name, value in want.items():
+        assert np.array_equal(got[name], value), name
 
 
 # with sequence_lengths the forward ops keep a Scan of the whole step (the stock kernels' output for a step past a

@@ -78,6 +78,12 @@ PACKED_BIAS_LIMIT = 16384
 # GRUGrad node alone, 1 thread, four blocks / two products: S 12 N 4 H 8 0.96-0.98, S 50 N 4 H 8 0.94, S 5 N 3 H 6
 # 1.01, S 12 N 16 H 8 1.00, S 12 N 4 H 16 1.02, S 12 N 32 H 16 1.16, S 50 N 32 H 16 1.07
 FOUR_BLOCKS_LIMIT = 32
+# LSTMTraining's cell states by onnxruntime's LSTM kernel with identity activations (:func:`_cells_by_kernel`) up to
+# this many elements of a [N, H] state, else by a Scan of the cell (2 kernels a step): the kernel's time grows with
+# N H (its per-row work and a [4H, 4H] product) where the Scan's is per step. Cell states alone, kernel / Scan, 1
+# thread (2 threads): S 10 N 4 H 8 0.67 (0.65), S 20 N 4 H 8 0.56 (0.93), S 5 N 3 H 6 0.58 (0.67), S 32 N 2 H 16 0.53
+# (0.90), S 64 N 1 H 32 0.67 (1.12), S 10 N 4 H 16 0.90 (1.49), S 10 N 8 H 8 0.86 (1.44), S 10 N 16 H 8 1.35
+CELL_KERNEL_LIMIT = 32
 _BACKWARDS = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}
 
 
@@ -488,9 +494,12 @@ def _lstm_training_stock(b: NodeBuilder, request: LoweringRequest, e: _Emit, out
         gates.append(b.op1("Concat", [iof, g], axis=1))
         if not outputs["CAll"]:
             continue
+        start = _direction_input(e, request, "initial_c", d, io, count=count)  # [1, N, H]
+        if _batch(request) * h <= CELL_KERNEL_LIMIT:
+            cells.append(_cells_by_kernel(e, request, gates[-1], start, backwards))
+            continue
         i, _, f = e.split(iof, [1, 1, 1], 1)
         f_steps, ig_steps = (_steps_back(e, request, x, t, h) for t in (f, e.mul(i, g)))  # [S, 1, N, H]
-        start = _direction_input(e, request, "initial_c", d, io, count=count)
         if start is None:
             start = _state_zeros(e, x, r, kept=True)  # [1, N, H]
 
@@ -506,6 +515,27 @@ def _lstm_training_stock(b: NodeBuilder, request: LoweringRequest, e: _Emit, out
         _stack_steps(e, request, x, gates, 4 * h, outputs["iofc"], io)
     if outputs["CAll"]:
         e.stack(cells, 1, outputs["CAll"], io, kept=True)
+
+
+def _cells_by_kernel(e: _Emit, request: LoweringRequest, gates: str, start: str | None, backwards: bool) -> str:
+    """One direction's cell states [S, 1, N, H] from its gate values ``gates`` [S * N, 4H] (iofc, activated) by
+    onnxruntime's own LSTM kernel with every activation Affine(1, 0), the identity: X = the gates, W the identity
+    with the o rows zero and Wb_o = 1, R = 0, so the kernel's gates are the given i, f, c exactly (each the one
+    product by 1 plus exact zeros), o = 1, its cell c f + i g in the same f32 operations as the cell Scan, and its
+    Y = o c = every c: one kernel where the Scan ran two a step (0.5-0.7x at N H <= 32, :data:`CELL_KERNEL_LIMIT`).
+    A NaN gate spreads to its row's other gates (0 NaN in the product), where the stock recurrence's R product
+    spreads it a step later anyway."""
+    b, h = e.b, e.hidden
+    select = np.eye(4 * h, dtype=e.np_ct)
+    select[h:2 * h] = 0  # o from its bias alone
+    bias = np.zeros((1, 8 * h), e.np_ct)
+    bias[0, h:2 * h] = 1
+    steps = b.op1("Reshape", [gates, e.ints([-1, _batch(request), 4 * h], "gate_steps")])
+    inputs = _trimmed([steps, b.const(select[None], hint="gate_select"),
+                       b.const(np.zeros((1, 4 * h, h), e.np_ct), hint="no_recurrence"),
+                       b.const(bias, hint="open_output"), "", "", start or ""])
+    return b.op1("LSTM", inputs, hint="cells", hidden_size=h, direction="reverse" if backwards else "forward",
+                 activations=["Affine"] * 3, activation_alpha=[1.0] * 3, activation_beta=[0.0] * 3)
 
 
 # -- LSTMGrad -------------------------------------------------------------------------------------------------------

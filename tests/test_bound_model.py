@@ -80,7 +80,7 @@ def _unbound_steps(models, start, batch, rates):
     session = ort.InferenceSession(step.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     trainer = Trainer(models, start, threads=1)  # for its initial state only (flat buffers as it builds them)
     names = list(interface.state_inputs)
-    state = {n: np.array(v.numpy(), copy=True) for n, v in trainer._bound._sets[0].items()}
+    state = trainer._bound.read(names)  # the flat inputs in the train-step model's order (BoundModel.layouts)
     constants = {n: v.numpy() for n, v in trainer._bound._constants.items()}
     inputs = {i.name for i in session.get_inputs()}
     losses = []
@@ -94,7 +94,7 @@ def _unbound_steps(models, start, batch, rates):
     return losses, state
 
 
-@pytest.mark.parametrize("name", ["mlp_act", "cnn", "cnn1d", "bert", "lstm"])
+@pytest.mark.parametrize("name", ["mlp_act", "cnn", "cnn1d", "bert", "lstm", "lstm2", "gru"])
 def test_bound_steps_are_the_train_step_models_bits(name):
     models, start, batch = _setup(name)
     rates = [1e-2, 3e-3, 3e-3, 2e-2]
@@ -105,9 +105,9 @@ def test_bound_steps_are_the_train_step_models_bits(name):
         losses.append(trainer.step(batch))
     want_losses, want_state = _unbound_steps(models, start, batch, rates)
     assert [np.float32(x).tobytes() for x in losses] == [np.asarray(x).reshape(-1)[0].tobytes() for x in want_losses]
-    current = trainer._bound._sets[trainer._bound._current]
+    got = trainer._bound.read(want_state)
     for n, value in want_state.items():
-        assert current[n].numpy().tobytes() == value.tobytes(), n
+        assert got[n].tobytes() == value.tobytes(), n
 
 
 @pytest.mark.parametrize("name", ["mlp_act", "cnn", "bert", "lstm"])
@@ -131,6 +131,39 @@ def test_the_cut_and_the_scalars_are_gone(name):
         assert source in flat and 0 <= start < end and int(np.prod(shape)) == end - start
         dims = [d.dim_value for d in inputs[name_].type.tensor_type.shape.dim]
         assert dims == list(shape)
+
+
+@pytest.mark.parametrize("name", ["lstm", "lstm2", "gru"])
+def test_torch_gate_reorders_are_bound_views(name):
+    """torch's recurrent exports read every weight and bias in the ONNX kernel's gate order (Concats of the flat
+    input's pieces) and write every gradient back in torch's (Splits of the kernel's gradients): the bound buffer
+    holds the parameters, and with them the moments, in the kernels' order (BoundModel.layouts), so each join is
+    a bound view and each gradient goes into the flat gradient's Concat whole. Reading and writing the state goes
+    by the train-step model's order (the steps' bits: test_bound_steps_are_the_train_step_models_bits)."""
+    models, start, _ = _setup(name)
+    step = models.step
+    bound = bound_model(step)
+    flat = step.interface.flat[0]
+    (index,) = bound.layouts.values()
+    assert list(bound.layouts) == [flat.names[0]] and sorted(index) == list(range(flat.size))
+    assert not np.array_equal(index, np.arange(flat.size))
+    views = set(bound.views)
+    assert not [n for n in bound.model.graph.node if n.op_type == "Concat" and set(n.input) <= views]
+    gradient = next(n for n in bound.model.graph.node if n.op_type == "Concat" and "flat_gradients" in n.output[0])
+    before = next(n for n in step.model.graph.node if n.op_type == "Concat" and "flat_gradients" in n.output[0])
+    assert len(gradient.input) < len(before.input)
+    producer = {o: n for n in bound.model.graph.node for o in n.output}
+    assert not [v for v in gradient.input if v in producer and producer[v].op_type == "Split"]
+    trainer = Trainer(models, start, threads=1)
+    assert trainer._bound._layouts
+    params = trainer.params
+    for p, value in params.items():
+        assert np.array_equal(value, np.asarray(start.params[p], value.dtype)), p
+    shuffled = {p: np.random.default_rng(1).standard_normal(v.shape).astype(v.dtype) for p, v in params.items()}
+    trainer.params = shuffled
+    assert all(np.array_equal(trainer.params[p], v) for p, v in shuffled.items())
+    first = trainer._bound.read([flat.names[0]])[flat.names[0]]
+    assert np.array_equal(first, np.concatenate([shuffled[p].reshape(-1) for p in flat.params]))
 
 
 def test_sgd_keeps_its_learning_rate_input():

@@ -1051,6 +1051,10 @@ class BoundModel:
     # inputs bound to buffers of their own whose values do not matter (BoundStep zeroes them before every run):
     # {input: (elem type, shape)}
     scratch: dict[str, tuple[int, tuple[int, ...]]] = dataclasses.field(default_factory=dict)
+    # flat state inputs held in another order than the train-step model's (:func:`_joined_layouts`): {flat
+    # parameter input: index}, the bound buffer's element k is the written layout's element index[k], and so for
+    # that FlatState's moments
+    layouts: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def bound_model(step: TrainStep, *, single_thread: bool = False) -> BoundModel:
@@ -1104,6 +1108,7 @@ def bound_model(step: TrainStep, *, single_thread: bool = False) -> BoundModel:
             start = end
     if views and not _read_before_update(graph, readers, views, dropped):
         views, dropped = {}, set()
+    layouts = _joined_layouts(model, views, flats, outputs, constants, dropped) if views else {}
     new_inputs = [helper.make_tensor_value_info(name, flats[flat].elem_type, list(shape))
                   for name, (flat, _, _, shape) in views.items()]
     fed: dict[str, str] = {}
@@ -1129,7 +1134,129 @@ def bound_model(step: TrainStep, *, single_thread: bool = False) -> BoundModel:
     graph.input.extend([*kept_inputs, *new_inputs])
     if single_thread:  # last: it rebuilds the node list, whose identities the steps above go by
         merge_staged_sums(graph)
-    return BoundModel(model, views, fed, step.adamw, scratch)
+    return BoundModel(model, views, fed, step.adamw, scratch, layouts)
+
+
+def _joined_layouts(model: onnx.ModelProto, views: dict[str, tuple[str, int, int, tuple[int, ...]]],
+                    flats: Mapping[str, FlatState], outputs: set[str], constants: Mapping[str, np.ndarray],
+                    dropped: set[int]) -> dict[str, np.ndarray]:
+    """Where the step joins views of the flat parameter input by a Concat (torch's recurrent gate reorders: the
+    [4H, I] weight's gate blocks i, f, g, o read as the ONNX kernel's i, o, f, c), the bound buffer holds those
+    pieces in the joined order instead, so the join is one bound view and no kernel. The flat gradient's Concat
+    takes its pieces in the same order, and a Split whose outputs it then takes one after another, all of them in
+    order (the gradient cut in gate blocks only to be put in torch's order), is its input again: no Split either.
+    The update is elementwise over the flat buffers, so any one order of the parameters, the moments and the
+    gradient together is the same update, element for element. Taken for one flat parameter input and its flat
+    gradient, where every view and every gradient piece stays one range in the new order and every reader of a
+    new view runs before the update (as for every view: :func:`_read_before_update`). Mutates ``views``,
+    ``dropped`` and the flat gradient's Concat; returns {flat input: index} (:class:`BoundModel`'s ``layouts``).
+    Held-out lstm_sensor: 6 Concats / Splits a step fewer."""
+    graph = model.graph
+    gradients = [n for n in graph.node if n.op_type == "Concat" and n.name.startswith("train_step/")
+                 and any("flat_gradients" in o for o in n.output)]
+    if len(flats) != 1 or len(gradients) != 1:
+        return {}
+    ((name, flat),) = flats.items()
+    mine = {v: (start, end) for v, (f, start, end, _) in views.items() if f == name}
+    joins = [n for n in graph.node if n.op_type == "Concat" and n.domain in ("", "ai.onnx") and id(n) not in dropped
+             and len(n.input) > 1 and n.output[0] not in outputs
+             and all(i in mine and len(views[i][3]) == 1 for i in n.input)]
+    if not joins:
+        return {}
+    gradient = gradients[0]
+    shapes = static_shapes(model)
+    pieces, offset = [], 0
+    for value in gradient.input:
+        shape = shapes.get(value)
+        if shape is None or None in shape:
+            return {}
+        size = int(np.prod(shape, dtype=np.int64))
+        pieces.append((offset, offset + size))
+        offset += size
+    if offset != flat.size:
+        return {}
+    ranges = [*mine.values(), *pieces]
+    bounds = sorted({0, flat.size} | {x for r in ranges for x in r})
+    atoms = list(zip(bounds[:-1], bounds[1:], strict=True))
+
+    def within(start: int, end: int) -> list[tuple[int, int]]:
+        return [a for a in atoms if start <= a[0] and a[1] <= end]
+
+    def parts_of(join: onnx.NodeProto) -> list[tuple[int, int]]:
+        return [a for value in join.input for a in within(*mine[value])]
+
+    # atom: the join it is placed with, the longest first; a join of atoms all placed already (the same pieces
+    # joined again, or some of them: GRU's R_zr of R) must find them in its order (checked below)
+    joined: dict[tuple[int, int], int] = {}
+    for index in sorted(range(len(joins)), key=lambda k: -len(parts_of(joins[k]))):
+        parts = parts_of(joins[index])
+        if all(a in joined for a in parts):
+            continue
+        if any(a in joined for a in parts):
+            return {}
+        joined.update((a, index) for a in parts)
+    order, placed = [], set()
+    for atom in atoms:
+        if atom in placed:
+            continue
+        run = parts_of(joins[joined[atom]]) if atom in joined else [atom]
+        order += run
+        placed.update(run)
+    position, at = {}, 0
+    for atom in order:
+        position[atom] = at
+        at += atom[1] - atom[0]
+
+    def moved(start: int, end: int) -> tuple[int, int] | None:
+        """The new range of the old [start, end), None where it is no longer one range in order."""
+        parts = within(start, end)
+        for a, b in zip(parts, parts[1:], strict=False):
+            if position[b] != position[a] + a[1] - a[0]:
+                return None
+        return position[parts[0]], position[parts[0]] + end - start
+
+    new_views = {v: moved(*r) for v, r in mine.items()}
+    new_pieces = [moved(*r) for r in pieces]
+    for join in joins:
+        parts = parts_of(join)
+        if any(position[b] != position[a] + a[1] - a[0] for a, b in zip(parts, parts[1:], strict=False)):
+            return {}
+        new_views[join.output[0]] = (position[parts[0]], position[parts[0]] + sum(b - a for a, b in parts))
+    if order == atoms or None in new_views.values() or None in new_pieces:
+        return {}
+    join_ids = {id(n) for n in joins}
+    readers = {v: [r for r in rs if id(r) not in dropped and id(r) not in join_ids]
+               for v, rs in _readers(graph).items()}
+    hypothetical = {v: views.get(v) for v in new_views}
+    if not _read_before_update(graph, readers, hypothetical, dropped | join_ids):
+        return {}
+    for value, (start, end) in new_views.items():
+        shape = views[value][3] if value in views else (end - start,)
+        if value in mine and not readers.get(value):
+            del views[value]  # a piece only a join read
+        else:
+            views[value] = (name, start, end, shape)
+    dropped |= join_ids
+    inputs = [v for _, v in sorted(zip((r[0] for r in new_pieces), gradient.input, strict=True))]
+    producer = {o: n for n in graph.node for o in n.output}
+    collapsed, k = [], 0
+    while k < len(inputs):
+        split = producer.get(inputs[k])
+        outs = list(split.output) if split is not None and split.op_type == "Split" else []
+        if outs and inputs[k:k + len(outs)] == outs and len(shapes.get(split.input[0]) or ()) == 1:
+            collapsed.append(split.input[0])
+            k += len(outs)
+        else:
+            collapsed.append(inputs[k])
+            k += 1
+    del gradient.input[:]
+    gradient.input.extend(collapsed)
+    read = {v for n in graph.node if id(n) not in dropped for v in _reads(n)} | outputs
+    for value in set(collapsed) - set(inputs):  # a Split's input: the Split goes where nothing else reads it
+        for split in graph.node:
+            if split.op_type == "Split" and split.input[0] == value and not read & set(split.output):
+                dropped.add(id(split))
+    return {name: np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in order])}
 
 
 def merge_staged_sums(graph: onnx.GraphProto) -> int:
@@ -1309,6 +1436,12 @@ class BoundStep:
         self._ort = ort
         self.session, self.interface = session, interface
         self._bound_views = bound.views if bound is not None else {}
+        # flat inputs the bound model holds in another order (BoundModel.layouts): {flat input: (index, inverse)}
+        self._layouts = {}
+        for f in interface.flat:
+            index = bound.layouts.get(f.names[0]) if bound is not None else None
+            if index is not None:
+                self._layouts.update({n: (index, np.argsort(index)) for n in f.names})
         # the step scalars computed here, in [1] f32 arrays shared with their OrtValues
         self._feed = StepScalarFeed(bound.adamw, bound.scalars) if bound is not None and bound.scalars else None
         self._fed_values = {name: ort.OrtValue.ortvalue_from_numpy(array)
@@ -1331,6 +1464,8 @@ class BoundStep:
             for name in f.names:
                 pieces = [np.asarray(state[p]).reshape(-1) for p, (flat, *_) in self._views.items() if flat == name]
                 initial[name] = np.concatenate(pieces).astype(helper.tensor_dtype_to_np_dtype(f.elem_type))
+                if name in self._layouts:
+                    initial[name] = initial[name][self._layouts[name][0]]
         self._sets = [{n: ort.OrtValue.ortvalue_from_numpy(np.array(initial[n], copy=True)) for n in self._names}
                       for _ in range(2)]
         self._constants = {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v)) for n, v in constants.items()}
@@ -1418,10 +1553,12 @@ class BoundStep:
         for n in names:
             if n in self._views:
                 flat, start, end, shape = self._views[n]
-                out[n] = np.array(current[flat].numpy()[start:end], copy=True).reshape(shape)
+                out[n] = np.array(self._written_order(flat, current[flat].numpy())[start:end],
+                                  copy=True).reshape(shape)
             else:
                 # .numpy() of a CPU OrtValue may share its memory, which the next step overwrites: copy
-                out[n] = np.array((current[n] if n in current else self._constants[n]).numpy(), copy=True)
+                held = (current[n] if n in current else self._constants[n]).numpy()
+                out[n] = np.array(self._written_order(n, held), copy=True)
         return out
 
     def write(self, values: Mapping[str, np.ndarray]) -> None:
@@ -1433,12 +1570,17 @@ class BoundStep:
             if name in self._views:
                 flat, start, end, shape = self._views[name]
                 if flat not in flats:
-                    flats[flat] = np.array(current[flat].numpy(), copy=True)
+                    flats[flat] = np.array(self._written_order(flat, current[flat].numpy()), copy=True)
                 if tuple(np.shape(value)) != tuple(shape):
                     raise ValueError(f"{name}: shape {list(np.shape(value))}; the parameter has {list(shape)}")
                 flats[flat][start:end] = np.asarray(value, flats[flat].dtype).reshape(-1)
                 continue
             held = current[name] if name in current else self._constants[name]
-            held.update_inplace(np.ascontiguousarray(np.asarray(value, held.numpy().dtype)))
+            value = np.asarray(value, held.numpy().dtype)
+            held.update_inplace(np.ascontiguousarray(value[self._layouts[name][0]] if name in self._layouts else value))
         for flat, array in flats.items():
-            current[flat].update_inplace(array)
+            current[flat].update_inplace(array[self._layouts[flat][0]] if flat in self._layouts else array)
+
+    def _written_order(self, flat: str, values: np.ndarray) -> np.ndarray:
+        """A flat input's values in the train-step model's order (the bound buffer's own where it is that)."""
+        return values[self._layouts[flat][1]] if flat in self._layouts else values

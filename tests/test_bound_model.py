@@ -166,6 +166,24 @@ def test_torch_gate_reorders_are_bound_views(name):
     assert np.array_equal(first, np.concatenate([shuffled[p].reshape(-1) for p in flat.params]))
 
 
+def test_a_join_read_after_the_update_keeps_the_written_order():
+    """A joined view read by a node the update does not wait for (here an extra output of it) could be read after
+    onnxruntime wrote an update result into its memory: the buffer keeps the written order, the join its Concat."""
+    models, _, _ = _setup("lstm")
+    step = models.step
+    model = onnx.ModelProto()
+    model.CopyFrom(step.model)
+    flat = step.interface.flat[0].names[0]
+    pieces = {o for n in model.graph.node if n.op_type == "Split" and n.input[0] == flat for o in n.output}
+    join = next(n for n in model.graph.node if n.op_type == "Concat" and set(n.input) <= pieces)
+    model.graph.node.append(helper.make_node("Identity", [join.output[0]], ["extra"]))
+    model.graph.output.append(helper.make_tensor_value_info("extra", TensorProto.FLOAT, None))
+    guarded = bound_model(dataclasses.replace(step, model=model))
+    assert guarded.views and not guarded.layouts
+    assert join.output[0] in {o for n in guarded.model.graph.node if n.op_type == "Concat" for o in n.output}
+    assert bound_model(step).layouts  # the same step without the extra reader
+
+
 def test_sgd_keeps_its_learning_rate_input():
     models, _, _ = _setup("cnn1d")
     bound = bound_model(models.step)

@@ -1108,7 +1108,7 @@ def bound_model(step: TrainStep, *, single_thread: bool = False) -> BoundModel:
             start = end
     if views and not _read_before_update(graph, readers, views, dropped):
         views, dropped = {}, set()
-    layouts = _joined_layouts(model, views, flats, outputs, constants, dropped) if views else {}
+    layouts = _joined_layouts(model, views, flats, outputs, dropped) if views else {}
     new_inputs = [helper.make_tensor_value_info(name, flats[flat].elem_type, list(shape))
                   for name, (flat, _, _, shape) in views.items()]
     fed: dict[str, str] = {}
@@ -1138,8 +1138,7 @@ def bound_model(step: TrainStep, *, single_thread: bool = False) -> BoundModel:
 
 
 def _joined_layouts(model: onnx.ModelProto, views: dict[str, tuple[str, int, int, tuple[int, ...]]],
-                    flats: Mapping[str, FlatState], outputs: set[str], constants: Mapping[str, np.ndarray],
-                    dropped: set[int]) -> dict[str, np.ndarray]:
+                    flats: Mapping[str, FlatState], outputs: set[str], dropped: set[int]) -> dict[str, np.ndarray]:
     """Where the step joins views of the flat parameter input by a Concat (torch's recurrent gate reorders: the
     [4H, I] weight's gate blocks i, f, g, o read as the ONNX kernel's i, o, f, c), the bound buffer holds those
     pieces in the joined order instead, so the join is one bound view and no kernel. The flat gradient's Concat
@@ -1210,6 +1209,8 @@ def _joined_layouts(model: onnx.ModelProto, views: dict[str, tuple[str, int, int
     def moved(start: int, end: int) -> tuple[int, int] | None:
         """The new range of the old [start, end), None where it is no longer one range in order."""
         parts = within(start, end)
+        if not parts:  # an empty range: no layout (a zero-size parameter is no reason for one)
+            return None
         for a, b in zip(parts, parts[1:], strict=False):
             if position[b] != position[a] + a[1] - a[0]:
                 return None
@@ -1227,8 +1228,7 @@ def _joined_layouts(model: onnx.ModelProto, views: dict[str, tuple[str, int, int
     join_ids = {id(n) for n in joins}
     readers = {v: [r for r in rs if id(r) not in dropped and id(r) not in join_ids]
                for v, rs in _readers(graph).items()}
-    hypothetical = {v: views.get(v) for v in new_views}
-    if not _read_before_update(graph, readers, hypothetical, dropped | join_ids):
+    if not _read_before_update(graph, readers, dict.fromkeys(new_views), dropped | join_ids):
         return {}
     for value, (start, end) in new_views.items():
         shape = views[value][3] if value in views else (end - start,)

@@ -7,12 +7,13 @@ under tests/fixtures/ort_training/artifacts/, or one ``tools/ort_training/native
 two sides cannot share a process (both provide the ``onnxruntime`` module): each pair runs the native side in
 a subprocess (``native_step.py time``) and the lowered side here (``lowering.training.Trainer``, the bound
 train-step model), in alternating order, both with 2 intra-op threads and spinning off; each side reports the
-median of its steps after warm-up. Prints each pair's ratio (lowered / native), their median, and the ratio of
-each side's fastest pair (the least noise-bound figure on a shared machine, where another tenant only slows a side
-down). ``--torch`` adds
-torch's eager step of the same network, weights and batch as a third side (``native_step.py torch``, in the
-same venv, which has torch; only for the networks ``native_step.py make`` writes; OpenMP's default spinning
-workers, so run it on a quiet machine).
+median of its steps after warm-up, from the same training state (the lowered side restores the state of its
+first 10 steps before each pair's timed steps, as the native side starts each pair's process afresh). Prints each
+pair's ratio (lowered / native), their median, and the ratio of each side's fastest pair (the least noise-bound
+figure on a shared machine, where another tenant only slows a side down). ``--torch`` adds torch's eager step of
+the same network, weights and batch as a third side (``native_step.py torch``, in the same venv, which has torch;
+only for the networks ``native_step.py make`` writes; OpenMP's default spinning workers, so run it on a quiet
+machine).
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ def lowered_side(directory: Path, threads: int | None, clock: str = "wall"):
     artifact = _artifact.load(directory)
     trainer, batch = artifact.trainer(threads), artifact.batch
     first_loss = trainer.step(batch)
-    for _ in range(9):
+    for _ in range(WARMUP_STEPS - 1):
         trainer.step(batch)
+    # the state after the native side's warm-up steps: each pair times the steps from there, as the native side's
+    # fresh process does (not the thousands of steps later that training on across pairs would reach)
+    state = (trainer.params, trainer.frozen, trainer.first_moments, trainer.second_moments, trainer.step_count)
     timer = time.perf_counter if clock == "wall" else time.process_time
 
     def timed(steps: int) -> float:
@@ -48,6 +52,7 @@ def lowered_side(directory: Path, threads: int | None, clock: str = "wall"):
         while count < WARMUP_STEPS or time.perf_counter() - begin < WARMUP_SECONDS:
             trainer.step(batch)
             count += 1
+        trainer.params, trainer.frozen, trainer.first_moments, trainer.second_moments, trainer.step_count = state
         return artifact.median_step_ms(trainer, steps, timer)
 
     return timed, first_loss

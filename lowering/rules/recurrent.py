@@ -1022,12 +1022,23 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     for d, backwards in enumerate(_BACKWARDS[attributes.get("direction", "forward")]):
         r_d = _drop_direction(e, request, r, d)
         start, initial = _states(e, request, ("dHFinal", "initial_h"), d, io, x, r)
-        h_d, gates_d = e.pick(h_all, d, 1), e.pick(gates, d, 1)
-        keep_prev = _step_mask(e, steps, lengths, 1) if lengths and backwards else None
-        h_prev = _previous(e, h_d, initial, backwards, keep_prev)
+        gates_d = e.pick(gates, d, 1)
         r_zr, r_h = _gru_weights(e, r_d)
+        # the forward's stock form's nodes for h_prev and q = h_prev R_h^T + Rb_h (one direction, static N and H,
+        # packed biases): [S N, H] rows and one Gemm, which onnxruntime's common-subexpression elimination runs once
+        # for both ops (the Gemm's C added after the product, as MatMul then Add: the same bits)
+        shared = e.onnxruntime and len(_BACKWARDS[attributes.get("direction", "forward")]) == 1 and not lengths and \
+            linear_before_reset and bool(batch) and request.input("B") is not None and _packs_biases(e)
+        if shared:
+            rows = _stock_previous(e, request, h_all, x, r, io, d, 1, backwards)
+            steps_view = e.ints([-1, batch, e.hidden], "step_rows")
+            h_prev = b.op1("Reshape", [rows, steps_view])
+            q = b.op1("Reshape", [e.affine(rows, r_h, _packed_biases(e, request, d, io)[1]), steps_view], hint="q")
+        else:
+            keep_prev = _step_mask(e, steps, lengths, 1) if lengths and backwards else None
+            h_prev = _previous(e, e.pick(h_all, d, 1), initial, backwards, keep_prev)
         if e.onnxruntime:
-            r_h_t = b.op1("Transpose", [r_h], perm=[1, 0])
+            r_h_t = None if shared else b.op1("Transpose", [r_h], perm=[1, 0])
         else:
             r_zr, r_h, r_h_t = b.op1("Transpose", [r_zr], perm=[1, 0]), b.op1("Transpose", [r_h], perm=[1, 0]), r_h
         # Every factor that does not depend on the carried dh, for all steps at once before the loop; a_z and a_r
@@ -1035,7 +1046,7 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
         # a_r = ((a_h q) r)(1 - r) (linear_before_reset), ((g h_prev) r)(1 - r) with g = a_h R_h (else)
         zr, candidate = e.split(gates_d, [2, 1], 2)
         z, reset = e.split(zr, [1, 1], 2)
-        if linear_before_reset:  # q = h_prev R_h^T + Rb_h
+        if linear_before_reset and not shared:  # q = h_prev R_h^T + Rb_h
             q = b.op1("MatMul", [h_prev, r_h_t], hint="q")
             if request.input("B") is not None and _packs_biases(e):  # R_bh from the forward's packing (shared)
                 q = b.op1("Add", [q, _packed_biases(e, request, d, io)[1]])

@@ -1021,7 +1021,7 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     results: dict[str, list[str]] = {role: [] for role in roles}
     for d, backwards in enumerate(_BACKWARDS[attributes.get("direction", "forward")]):
         r_d = _drop_direction(e, request, r, d)
-        start, initial = _states(e, request, ("dHFinal", "initial_h"), d, io, x, r)
+        (start,) = _states(e, request, ("dHFinal",), d, io, x, r)
         gates_d = e.pick(gates, d, 1)
         r_zr, r_h = _gru_weights(e, r_d)
         # the forward's stock form's nodes for h_prev and q = h_prev R_h^T + Rb_h (one direction, static N and H,
@@ -1035,6 +1035,7 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
             h_prev = b.op1("Reshape", [rows, steps_view])
             q = b.op1("Reshape", [e.affine(rows, r_h, _packed_biases(e, request, d, io)[1]), steps_view], hint="q")
         else:
+            (initial,) = _states(e, request, ("initial_h",), d, io, x, r)
             keep_prev = _step_mask(e, steps, lengths, 1) if lengths and backwards else None
             h_prev = _previous(e, e.pick(h_all, d, 1), initial, backwards, keep_prev)
         if e.onnxruntime:

@@ -5,7 +5,8 @@ The forward ops on the onnxruntime target (f32, H static, no sequence_lengths, p
 recurrence on onnxruntime's own ``LSTM`` / ``GRU`` kernel, one kernel for the sequence, and compute what the
 gradient reads from its hidden states for all steps at once (:func:`_stock_recurrence`): GRUTraining with the
 native kernel's bits (its gates in its order and with its activations, the rational tanh of onnxruntime's
-rnn_helpers among them), LSTMTraining as accurate, its cell states by a Scan of two kernels a step. Otherwise, per
+rnn_helpers among them), LSTMTraining as accurate, its cell states by a second LSTM kernel with identity
+activations (a small N H) or a Scan of two kernels a step. Otherwise, per
 direction, a ``Scan`` over the steps carries the state; everything that does not depend on the state is done on
 the whole sequence outside it, as batched MatMuls, elementwise ops and ReduceSums:
 
@@ -466,8 +467,9 @@ def _lstm_training_stock(b: NodeBuilder, request: LoweringRequest, e: _Emit, out
     Y_h and Y_c. iofc needs no loop: with every step's previous state known (HAll shifted by one step, initial_h
     first), the gates of all steps are computed on [S * N] rows at once in onnxruntime-training's kernel's order (X
     W^T, plus h R^T by a Gemm with it as C, plus W_b + R_b, then MLAS's Sigmoid and Tanh, as onnxruntime's ops run
-    them). CAll is the cell recurrence alone, c f + i g (i g for all steps before it): a Scan of two kernels a
-    step where the Scan of the whole cell ran nine. Not the native kernel's bits (onnxruntime's LSTM kernel rounds
+    them). CAll is the cell recurrence alone, c f + i g: by a second LSTM kernel (:func:`_cells_by_kernel`, N H up
+    to CELL_KERNEL_LIMIT), else a Scan of two kernels a step (i g for all steps before it) where the Scan of the
+    whole cell ran nine; the same bits either way. Not the native kernel's bits (onnxruntime's LSTM kernel rounds
     a third of the recorded hidden states otherwise, and splits the batch across intra-op threads, whose smaller
     GEMMs round otherwise again, as the native kernel does too); as accurate against float64 on every recorded
     case (tests/test_accuracy_vs_native.py)."""
@@ -1019,16 +1021,17 @@ def lower_gru_grad(b: NodeBuilder, request: LoweringRequest) -> None:
     four_blocks = bool(linear_before_reset and e.hidden and e.hidden >= 2 and batch and batch >= 2 and
                        batch * e.hidden <= FOUR_BLOCKS_LIMIT)
     results: dict[str, list[str]] = {role: [] for role in roles}
-    for d, backwards in enumerate(_BACKWARDS[attributes.get("direction", "forward")]):
+    directions = _BACKWARDS[attributes.get("direction", "forward")]
+    # the forward's stock form's nodes for h_prev and q = h_prev R_h^T + Rb_h (one direction, static N and H, packed
+    # biases): [S N, H] rows and one Gemm, which onnxruntime's common-subexpression elimination runs once for both
+    # ops (the Gemm's C added after the product, as MatMul then Add: the same bits)
+    shared = e.onnxruntime and len(directions) == 1 and not lengths and bool(linear_before_reset) and bool(batch) and \
+        request.input("B") is not None and _packs_biases(e)
+    for d, backwards in enumerate(directions):
         r_d = _drop_direction(e, request, r, d)
         (start,) = _states(e, request, ("dHFinal",), d, io, x, r)
         gates_d = e.pick(gates, d, 1)
         r_zr, r_h = _gru_weights(e, r_d)
-        # the forward's stock form's nodes for h_prev and q = h_prev R_h^T + Rb_h (one direction, static N and H,
-        # packed biases): [S N, H] rows and one Gemm, which onnxruntime's common-subexpression elimination runs once
-        # for both ops (the Gemm's C added after the product, as MatMul then Add: the same bits)
-        shared = e.onnxruntime and len(_BACKWARDS[attributes.get("direction", "forward")]) == 1 and not lengths and \
-            linear_before_reset and bool(batch) and request.input("B") is not None and _packs_biases(e)
         if shared:
             rows = _stock_previous(e, request, h_all, x, r, io, d, 1, backwards)
             steps_view = e.ints([-1, batch, e.hidden], "step_rows")

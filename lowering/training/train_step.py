@@ -1151,8 +1151,7 @@ def _joined_layouts(model: onnx.ModelProto, views: dict[str, tuple[str, int, int
     ``dropped`` and the flat gradient's Concat; returns {flat input: index} (:class:`BoundModel`'s ``layouts``).
     Held-out lstm_sensor: 6 Concats / Splits a step fewer."""
     graph = model.graph
-    gradients = [n for n in graph.node if n.op_type == "Concat" and n.name.startswith("train_step/")
-                 and any("flat_gradients" in o for o in n.output)]
+    gradients = _flat_gradients(graph)
     if len(flats) != 1 or len(gradients) != 1:
         return {}
     ((name, flat),) = flats.items()
@@ -1206,23 +1205,16 @@ def _joined_layouts(model: onnx.ModelProto, views: dict[str, tuple[str, int, int
         position[atom] = at
         at += atom[1] - atom[0]
 
-    def moved(start: int, end: int) -> tuple[int, int] | None:
-        """The new range of the old [start, end), None where it is no longer one range in order."""
-        parts = within(start, end)
-        if not parts:  # an empty range: no layout (a zero-size parameter is no reason for one)
+    def placed_range(parts: list[tuple[int, int]]) -> tuple[int, int] | None:
+        """Where ``parts`` lie in the new order, None where they are no longer one range in their order (or none:
+        a zero-size parameter is no reason for a layout)."""
+        if not parts or any(position[b] != position[a] + a[1] - a[0] for a, b in zip(parts, parts[1:], strict=False)):
             return None
-        for a, b in zip(parts, parts[1:], strict=False):
-            if position[b] != position[a] + a[1] - a[0]:
-                return None
-        return position[parts[0]], position[parts[0]] + end - start
+        return position[parts[0]], position[parts[0]] + sum(z - a for a, z in parts)
 
-    new_views = {v: moved(*r) for v, r in mine.items()}
-    new_pieces = [moved(*r) for r in pieces]
-    for join in joins:
-        parts = parts_of(join)
-        if any(position[b] != position[a] + a[1] - a[0] for a, b in zip(parts, parts[1:], strict=False)):
-            return {}
-        new_views[join.output[0]] = (position[parts[0]], position[parts[0]] + sum(b - a for a, b in parts))
+    new_views = {v: placed_range(within(*r)) for v, r in mine.items()}
+    new_views.update((join.output[0], placed_range(parts_of(join))) for join in joins)
+    new_pieces = [placed_range(within(*r)) for r in pieces]
     if order == atoms or None in new_views.values() or None in new_pieces:
         return {}
     join_ids = {id(n) for n in joins}
@@ -1239,12 +1231,13 @@ def _joined_layouts(model: onnx.ModelProto, views: dict[str, tuple[str, int, int
     dropped |= join_ids
     inputs = [v for _, v in sorted(zip((r[0] for r in new_pieces), gradient.input, strict=True))]
     producer = {o: n for n in graph.node for o in n.output}
-    collapsed, k = [], 0
+    collapsed, splits, k = [], [], 0
     while k < len(inputs):
         split = producer.get(inputs[k])
         outs = list(split.output) if split is not None and split.op_type == "Split" else []
         if outs and inputs[k:k + len(outs)] == outs and len(shapes.get(split.input[0]) or ()) == 1:
             collapsed.append(split.input[0])
+            splits.append(split)
             k += len(outs)
         else:
             collapsed.append(inputs[k])
@@ -1252,10 +1245,7 @@ def _joined_layouts(model: onnx.ModelProto, views: dict[str, tuple[str, int, int
     del gradient.input[:]
     gradient.input.extend(collapsed)
     read = {v for n in graph.node if id(n) not in dropped for v in _reads(n)} | outputs
-    for value in set(collapsed) - set(inputs):  # a Split's input: the Split goes where nothing else reads it
-        for split in graph.node:
-            if split.op_type == "Split" and split.input[0] == value and not read & set(split.output):
-                dropped.add(id(split))
+    dropped.update(id(split) for split in splits if not read & set(split.output))  # read by nothing else now
     return {name: np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in order])}
 
 
@@ -1310,13 +1300,18 @@ def merge_staged_sums(graph: onnx.GraphProto) -> int:
     return merged
 
 
+def _flat_gradients(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The Concats that make the flat state's gradients (one per flat group, :func:`_flat_state_update`)."""
+    return [n for n in graph.node if n.op_type == "Concat" and n.name.startswith("train_step/")
+            and any("flat_gradients" in o for o in n.output)]
+
+
 def _read_before_update(graph: onnx.GraphProto, readers: Mapping[str, list[onnx.NodeProto]],
                         views: Mapping[str, tuple], dropped: set[int]) -> bool:
     """Whether every reader of the views is an ancestor of each flat gradient (the updates' Concats), so that it
     runs before any update node can overwrite a flat input in place."""
     producer = {o: n for n in graph.node for o in n.output}
-    concats = [n for n in graph.node if n.op_type == "Concat" and n.name.startswith("train_step/")
-               and any("flat_gradients" in o for o in n.output)]
+    concats = _flat_gradients(graph)
     if not concats:
         return False
     common: set[int] | None = None
@@ -1464,8 +1459,7 @@ class BoundStep:
             for name in f.names:
                 pieces = [np.asarray(state[p]).reshape(-1) for p, (flat, *_) in self._views.items() if flat == name]
                 initial[name] = np.concatenate(pieces).astype(helper.tensor_dtype_to_np_dtype(f.elem_type))
-                if name in self._layouts:
-                    initial[name] = initial[name][self._layouts[name][0]]
+                initial[name] = self._bound_order(name, initial[name])
         self._sets = [{n: ort.OrtValue.ortvalue_from_numpy(np.array(initial[n], copy=True)) for n in self._names}
                       for _ in range(2)]
         self._constants = {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v)) for n, v in constants.items()}
@@ -1576,10 +1570,13 @@ class BoundStep:
                 flats[flat][start:end] = np.asarray(value, flats[flat].dtype).reshape(-1)
                 continue
             held = current[name] if name in current else self._constants[name]
-            value = np.asarray(value, held.numpy().dtype)
-            held.update_inplace(np.ascontiguousarray(value[self._layouts[name][0]] if name in self._layouts else value))
+            held.update_inplace(np.ascontiguousarray(self._bound_order(name, np.asarray(value, held.numpy().dtype))))
         for flat, array in flats.items():
-            current[flat].update_inplace(array[self._layouts[flat][0]] if flat in self._layouts else array)
+            current[flat].update_inplace(self._bound_order(flat, array))
+
+    def _bound_order(self, flat: str, values: np.ndarray) -> np.ndarray:
+        """A flat input's values (in the train-step model's order) in the bound buffer's order."""
+        return values[self._layouts[flat][0]] if flat in self._layouts else values
 
     def _written_order(self, flat: str, values: np.ndarray) -> np.ndarray:
         """A flat input's values in the train-step model's order (the bound buffer's own where it is that)."""
